@@ -1,0 +1,41 @@
+# The course's commands. `make run` and `make test` are the two a new user needs.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+ENSURE := bash scripts/ensure_env.sh
+OUT ?= build/run
+PROFILE ?= auto
+
+.PHONY: help run test lab report notebooks apex clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
+
+run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execute all notebooks
+	@py=$$($(ENSURE)); \
+	if $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)" 2>/dev/null \
+	   && { command -v nvcc >/dev/null || [ -x "$${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; }; then \
+	  PYTHON=$$py ./build_apex.sh --legacy-amp; \
+	else \
+	  echo "make run: no CUDA GPU or no nvcc here, so Apex is not built; the notebooks run in the small 'smoke' profile and skip GPU-only cells."; \
+	fi; \
+	$$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
+
+test:  ## prepare the environment and run the test suite (unit tests, smoke notebooks, hygiene)
+	@py=$$($(ENSURE)); $$py -m pytest -q
+
+notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
+	@py=$$($(ENSURE)); $$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
+
+report:  ## on a CUDA machine: full-profile run into reports/<gpu-slug>/ with summary.json
+	@py=$$($(ENSURE)); $$py -m helpers.report
+
+lab:  ## open JupyterLab on the notebooks
+	@py=$$($(ENSURE)); \
+	$$py -c "import jupyterlab, ipywidgets" 2>/dev/null || $$py -m pip install -q "jupyterlab==4.6.6" "ipywidgets==8.1.9"; \
+	cd notebooks && $$py -m jupyterlab
+
+apex:  ## build Apex with its CUDA/C++ extensions and the legacy apex.amp install
+	@py=$$($(ENSURE)); PYTHON=$$py ./build_apex.sh --legacy-amp
+
+clean:  ## remove build products (executed notebooks, local results)
+	rm -rf build results

@@ -1,0 +1,48 @@
+"""The course's standard charts: labelled axes with units, error bars from the IQR."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+
+def bar_chart(df, x: str, y: str, *, ylabel: str, title: str = "", low: str | None = None,
+              high: str | None = None, ax=None, annotate: bool = True):
+    """Bars of ``df[y]`` per ``df[x]``; ``low``/``high`` columns (e.g. q1/q3) become error bars."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    values = df[y].to_numpy(dtype=float)
+    yerr = None
+    if low is not None and high is not None:
+        yerr = [values - df[low].to_numpy(dtype=float), df[high].to_numpy(dtype=float) - values]
+    bars = ax.bar(df[x].astype(str), values, yerr=yerr, capsize=3, color="#4C72B0")
+    if annotate:
+        for bar, value in zip(bars, values, strict=True):
+            ax.annotate(f"{value:.3g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.figure.tight_layout()
+    return ax
+
+
+def line_chart(df, x: str, y: str, *, hue: str | None = None, xlabel: str, ylabel: str,
+               title: str = "", logx: bool = False, logy: bool = False, ax=None):
+    """One line per ``hue`` group of ``df[y]`` against ``df[x]``."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    groups = df.groupby(hue, sort=False) if hue else [(y, df)]
+    for name, group in groups:
+        ax.plot(group[x], group[y], marker="o", markersize=3, label=str(name))
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if hue:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.figure.tight_layout()
+    return ax

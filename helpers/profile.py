@@ -1,0 +1,90 @@
+"""Run profiles: ``smoke`` (tiny sizes, seconds on a CPU) and ``full`` (course sizes on a GPU)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TypeVar
+
+ENV_VAR = "COURSE_PROFILE"
+HEADLESS_VAR = "COURSE_HEADLESS"
+NAMES = ("smoke", "full")
+
+T = TypeVar("T")
+
+
+class ProfileError(ValueError):
+    """Raised for a profile name the course does not know or cannot honour."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The chosen profile, the device the notebook runs on and whether it runs headless."""
+
+    name: str
+    device: str
+    headless: bool = False
+
+    @property
+    def is_full(self) -> bool:
+        """True for the course sizes."""
+        return self.name == "full"
+
+    @property
+    def has_cuda(self) -> bool:
+        """True when the notebook runs on a CUDA GPU."""
+        return self.device == "cuda"
+
+    @property
+    def show_progress(self) -> bool:
+        """Progress bars only for interactive full-size runs."""
+        return self.is_full and not self.headless
+
+    def pick(self, smoke: T, full: T) -> T:
+        """Return the value for this profile: ``profile.pick(smoke=64, full=8192)``."""
+        return full if self.is_full else smoke
+
+    def describe(self) -> str:
+        """One line for the notebook header."""
+        where = "a CUDA GPU" if self.has_cuda else "the CPU"
+        how = "headless" if self.headless else "interactive"
+        line = f"profile '{self.name}' on {where} ({how})"
+        if not self.has_cuda:
+            line += ": no CUDA GPU here, so sizes are tiny and GPU-only cells are skipped"
+        return line
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def resolve(requested: str | None = None, *, cuda: bool | None = None) -> Profile:
+    """Choose the profile.
+
+    Precedence: an explicit ``requested`` name (the notebook's parameters cell, or papermill),
+    then the ``COURSE_PROFILE`` environment variable, then ``auto``: ``full`` on CUDA, ``smoke``
+    otherwise. ``full`` without a CUDA GPU is refused with a clear message.
+    """
+    if cuda is None:
+        cuda = _cuda_available()
+    name = (requested or "").strip().lower()
+    if name in ("", "auto"):
+        name = os.environ.get(ENV_VAR, "").strip().lower() or "auto"
+    if name == "auto":
+        name = "full" if cuda else "smoke"
+    if name not in NAMES:
+        raise ProfileError(
+            f"unknown profile '{name}': use one of {', '.join(NAMES)} or 'auto' "
+            f"(set {ENV_VAR}=smoke, or profile = 'smoke' in the parameters cell)"
+        )
+    if name == "full" and not cuda:
+        raise ProfileError(
+            "the 'full' profile needs a CUDA GPU and none is visible to torch; "
+            f"use {ENV_VAR}=smoke (or 'auto') on this machine"
+        )
+    headless = os.environ.get(HEADLESS_VAR, "") == "1"
+    return Profile(name=name, device="cuda" if cuda else "cpu", headless=headless)

@@ -1,0 +1,120 @@
+"""Where results go, written atomically: CSV and JSON tables (with the environment) and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "COURSE_RESULTS_DIR"
+
+
+def repo_root() -> Path | None:
+    """The course checkout when helpers is used from it (editable install), else None."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "pyproject.toml").exists() and (here / "notebooks").is_dir() else None
+
+
+def results_dir() -> Path:
+    """``$COURSE_RESULTS_DIR``, else ``<checkout>/results``, else ``./results``; created on use."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        path = Path(env)
+    else:
+        root = repo_root()
+        path = (root if root is not None else Path.cwd()) / "results"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def slug(text: str) -> str:
+    """A file-name-safe slug: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def atomic_write_text(path: Path | str, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so readers never see
+    a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:  # NaN -> null
+        return None
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    return str(value)
+
+
+def save_json(name: str, payload: dict, *, directory: Path | None = None) -> Path:
+    """Write ``payload`` to ``<results>/<name>.json`` atomically."""
+    target = (directory or results_dir()) / f"{name}.json"
+    return atomic_write_text(target, json.dumps(_jsonable(payload), indent=2) + "\n")
+
+
+def save_table(df, name: str, *, env: dict | None = None, directory: Path | None = None) -> Path:
+    """Save a pandas table as ``<name>.csv`` and ``<name>.json`` (rows plus the environment)."""
+    directory = directory or results_dir()
+    csv_path = atomic_write_text(directory / f"{name}.csv", df.to_csv(index=False))
+    save_json(
+        name,
+        {
+            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": env or {},
+            "rows": df.to_dict(orient="records"),
+        },
+        directory=directory,
+    )
+    return csv_path
+
+
+def append_rows(rows: list[dict], name: str, *, env: dict | None = None,
+                directory: Path | None = None):
+    """Append rows to ``<name>.csv``/``.json`` (created if absent); returns the whole table."""
+    import pandas as pd
+
+    directory = directory or results_dir()
+    csv_path = directory / f"{name}.csv"
+    new = pd.DataFrame(rows)
+    df = pd.concat([pd.read_csv(csv_path), new], ignore_index=True) if csv_path.exists() else new
+    save_table(df, name, env=env, directory=directory)
+    return df
+
+
+def save_figure(fig, name: str, *, directory: Path | None = None, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as ``<name>.png`` atomically."""
+    target = (directory or results_dir()) / f"{name}.png"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".png", dir=target.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return target
