@@ -87,7 +87,8 @@ def legacy_amp_available() -> bool:
     path = legacy_amp_dir()
     if not path.is_dir():
         return False
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")]))
+    paths = [str(path), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
     probe = subprocess.run([sys.executable, "-c", "from apex import amp"], env=env,
                            capture_output=True, timeout=120)
     return probe.returncode == 0

@@ -1,4 +1,4 @@
-"""Where results go, written atomically: CSV and JSON tables (with the environment) and PNG plots."""
+"""Where results go, written atomically: CSV/JSON tables (with the environment) and PNG plots."""
 
 from __future__ import annotations
 

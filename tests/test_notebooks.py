@@ -1,0 +1,46 @@
+"""Every course notebook executes headless in the smoke profile and produces its tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import runner
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SMOKE_BUDGET_S = 120.0  # all five notebooks together, on CI's 2-core CPU machine
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke")
+    runs = runner.run_all(NOTEBOOKS, out, profile="smoke", timeout=300)
+    print("\n" + runner.summary(runs))
+    return out, {r.name: r for r in runs}
+
+
+def test_there_are_five_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_and_saves_its_tables(smoke_run, path):
+    out, runs = smoke_run
+    run = runs[path.name]
+    assert run.ok, f"{path.name} failed: {run.error} (executed copy: {run.output})"
+    executed = nbformat.read(out / path.name, as_version=4)
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    tables = sorted((out / "results").glob(f"{path.name[:2]}_*.csv"))
+    assert tables, f"{path.name} saved no {path.name[:2]}_*.csv table in the smoke profile"
+
+
+@pytest.mark.notebook
+def test_smoke_profile_is_fast(smoke_run):
+    _, runs = smoke_run
+    total = sum(r.seconds for r in runs.values())
+    assert total < SMOKE_BUDGET_S, f"smoke notebooks took {total:.0f} s (budget {SMOKE_BUDGET_S})"
