@@ -1,0 +1,681 @@
+#!/usr/bin/env bash
+# build_apex.sh - build NVIDIA Apex (C++/CUDA extensions) from a pinned git commit for the
+# course environment, verify it, and optionally install the legacy `apex.amp` Python-only
+# into a separate folder that is only ever used through PYTHONPATH.
+#
+# Apex is not on PyPI (the `apex` package there is unrelated), so it is built from source.
+# Every environment problem is caught by one Python probe BEFORE anything is cloned or built.
+# Run `./build_apex.sh --help` for options, environment variables and exit codes.
+set -euo pipefail
+
+readonly PROG="build_apex.sh"
+readonly APEX_URL="https://github.com/NVIDIA/apex"
+# Builds against torch 2.11 + CUDA 13.0 (upstream, 2026-07-08).
+readonly PINNED_REF="6424da3b4faa6c8f062da4a48c424fff3f02d42d"
+# Last upstream commit that still ships apex.amp (removed on 2025-05-08).
+readonly LEGACY_PINNED_REF="e13873debc4699d39c6861074b9a3b2a02327f92"
+readonly MIN_PIP="23.1"
+readonly GIB_PER_JOB=4       # memory budget per parallel nvcc/ninja job
+readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD cap)
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+readonly REPO_ROOT
+
+usage() {
+    cat <<EOF
+Usage: ./$PROG [--dry-run] [--force] [--legacy-amp | --legacy-only] [--help]
+
+Builds NVIDIA Apex from $APEX_URL at a pinned commit with its C++ and CUDA
+extensions (APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation --no-deps .)
+into the Python environment of \$PYTHON, then verifies it on the GPU.
+
+Options:
+  --help, -h      Show this help and exit.
+  --dry-run       Run the preflight checks and print the plan (source, commit, python,
+                  CUDA_HOME, nvcc version, arch list, jobs, install targets); clone,
+                  build and install nothing.
+  --force         Rebuild even if the same verified commit is already installed.
+  --legacy-amp    Additionally install the legacy commit (the last one with apex.amp)
+                  Python-only into \$APEX_WORKDIR/legacy-amp. It never shadows the main
+                  Apex: use it only via PYTHONPATH of a child process, e.g.
+                  PYTHONPATH=.apex/legacy-amp python -c 'from apex import amp'
+  --legacy-only   Only do the legacy install. Needs python, torch and pip, but no nvcc
+                  and no GPU (works on CPU-only machines).
+
+Environment:
+  PYTHON               Python interpreter to build for (default: python3).
+  APEX_REF             Full 40-hex commit to build
+                       (default: $PINNED_REF).
+  APEX_SRC             Local Apex source folder to use instead of cloning. A git checkout
+                       must have HEAD == APEX_REF; a plain folder without .git cannot be
+                       verified and APEX_REF is recorded as given.
+  APEX_LEGACY_REF      Legacy commit (default: $LEGACY_PINNED_REF).
+  APEX_LEGACY_SRC      Local legacy source folder, same rules as APEX_SRC.
+  APEX_WORKDIR         Clones, build logs and marker files (default: <repo>/.apex).
+  TORCH_CUDA_ARCH_LIST Compute capabilities to build for, e.g. "8.0;9.0". Default: the
+                       distinct capabilities of the visible GPUs.
+  APEX_JOBS            Total parallel compile jobs (default: min(CPUs, free GiB / $GIB_PER_JOB)).
+                       Split into APEX_PARALLEL_BUILD (extensions at once, at most
+                       $MAX_PARALLEL_EXT) x MAX_JOBS (ninja jobs per extension); both are set by
+                       this script.
+  CUDA_HOME            Toolkit to use; nvcc is looked up in \$CUDA_HOME/bin, then
+                       \$CONDA_PREFIX/bin, then PATH. CUDA_HOME is exported for the build.
+  NVCC_APPEND_FLAGS    Passed through to nvcc unchanged.
+
+Files (under \$APEX_WORKDIR):
+  src/apex, src/apex-legacy  source trees that are built
+  build.log, legacy-build.log, verify.log
+  installed.json         written after a verified build (commit, torch, CUDA, arch, ...)
+  legacy-amp/            the legacy apex.amp install (PYTHONPATH only)
+  legacy-installed.json  written after the legacy install is verified
+
+Exit codes:
+  0  success (or already built and verified)
+  2  usage error (unknown option, malformed APEX_REF/APEX_JOBS)
+  3  preflight failed (missing python/torch/nvcc/pip/ninja/GPU, version mismatch,
+     APEX_SRC not at APEX_REF)
+  4  fetching or building Apex failed (see the build log)
+  5  verification of the installed Apex failed
+EOF
+}
+
+say() { printf '%s: %s\n' "$PROG" "$*"; }
+warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
+die() { # die CODE MESSAGE
+    local code=$1
+    shift
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
+    exit "$code"
+}
+usage_error() {
+    printf '%s: %s\n' "$PROG" "$*" >&2
+    printf 'Try ./%s --help\n' "$PROG" >&2
+    exit 2
+}
+
+# ---------------------------------------------------------------- options and environment
+DRY_RUN=0 FORCE=0 WANT_MAIN=1 WANT_LEGACY=0
+for arg in "$@"; do
+    case "$arg" in
+        -h | --help) usage; exit 0 ;;
+        --dry-run) DRY_RUN=1 ;;
+        --force) FORCE=1 ;;
+        --legacy-amp) WANT_LEGACY=1 ;;
+        --legacy-only) WANT_LEGACY=1 WANT_MAIN=0 ;;
+        *) usage_error "unknown option: $arg" ;;
+    esac
+done
+
+PYTHON="${PYTHON:-python3}"
+APEX_REF="$(printf '%s' "${APEX_REF:-$PINNED_REF}" | tr 'A-F' 'a-f')"
+APEX_LEGACY_REF="$(printf '%s' "${APEX_LEGACY_REF:-$LEGACY_PINNED_REF}" | tr 'A-F' 'a-f')"
+APEX_SRC="${APEX_SRC:-}"
+APEX_LEGACY_SRC="${APEX_LEGACY_SRC:-}"
+APEX_WORKDIR="${APEX_WORKDIR:-$REPO_ROOT/.apex}"
+APEX_JOBS="${APEX_JOBS:-}"
+[[ "$APEX_REF" =~ ^[0-9a-f]{40}$ ]] || usage_error "APEX_REF must be a full 40-hex commit SHA, got '$APEX_REF'"
+[[ "$APEX_LEGACY_REF" =~ ^[0-9a-f]{40}$ ]] ||
+    usage_error "APEX_LEGACY_REF must be a full 40-hex commit SHA, got '$APEX_LEGACY_REF'"
+[[ -z "$APEX_JOBS" || "$APEX_JOBS" =~ ^[1-9][0-9]*$ ]] ||
+    usage_error "APEX_JOBS must be a positive integer, got '$APEX_JOBS'"
+[[ "$APEX_WORKDIR" == /* ]] || APEX_WORKDIR="$PWD/$APEX_WORKDIR"
+
+readonly MARKER="$APEX_WORKDIR/installed.json"
+readonly LEGACY_DIR="$APEX_WORKDIR/legacy-amp"
+readonly LEGACY_MARKER="$APEX_WORKDIR/legacy-installed.json"
+readonly BUILD_LOG="$APEX_WORKDIR/build.log"
+readonly LEGACY_LOG="$APEX_WORKDIR/legacy-build.log"
+readonly VERIFY_LOG="$APEX_WORKDIR/verify.log"
+
+# Never let the legacy folder leak into the main build/verify through the caller's PYTHONPATH.
+CLEAN_PYTHONPATH=""
+IFS=':' read -r -a _pp_entries <<<"${PYTHONPATH:-}"
+for _pp in "${_pp_entries[@]}"; do
+    [[ -n "$_pp" ]] || continue
+    _abs="$_pp"
+    [[ "$_abs" == /* ]] || _abs="$PWD/$_abs"
+    _abs="${_abs//\/.\//\/}"  # a/./b -> a/b
+    [[ "${_abs%/}" == "$LEGACY_DIR" ]] && continue
+    CLEAN_PYTHONPATH="${CLEAN_PYTHONPATH:+$CLEAN_PYTHONPATH:}$_pp"
+done
+
+# --------------------------------------------------------------------- environment probe
+# (1) python must exist before it can be probed.
+PYTHON_BIN="$(command -v "$PYTHON" || true)"
+[[ -n "$PYTHON_BIN" ]] || die 3 "Python interpreter '$PYTHON' was not found, and Apex is" \
+    "built for the Python environment that will run the notebooks; activate that environment" \
+    "(e.g. \`conda env create -f environment.yml && conda activate <env>\`) or set PYTHON=/path/to/python."
+[[ "$PYTHON_BIN" == /* ]] || PYTHON_BIN="$PWD/$PYTHON_BIN"
+
+# One probe, printing key=value lines; all decisions are made in bash below.
+probe_out=""
+if ! probe_out="$("$PYTHON_BIN" - <<'PY'
+# build_apex.sh environment probe
+import os, shutil, sys, sysconfig
+def out(key, value):
+    print(f"{key}={str(value).replace(chr(10), ' ').strip()}")
+out("python_version", sys.version.split()[0])
+out("site_packages", sysconfig.get_paths().get("purelib", "?"))
+try:
+    import pip
+    out("pip_version", pip.__version__)
+except Exception:
+    out("pip_version", "none")
+ninja_bin = shutil.which("ninja") or ""
+try:
+    import ninja
+    bin_dir = getattr(ninja, "BIN_DIR", os.path.join(os.path.dirname(ninja.__file__), "data", "bin"))
+    ninja_bin = ninja_bin or os.path.join(bin_dir, "ninja")
+    has_ninja = True
+except Exception:
+    has_ninja = bool(ninja_bin)
+out("ninja", "yes" if has_ninja else "no")
+out("ninja_bin", ninja_bin)
+import importlib.util
+out("build_deps_missing", ",".join(m for m in ("setuptools", "packaging")
+                                   if importlib.util.find_spec(m) is None))
+cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+try:  # cgroup v2 CPU quota (containers)
+    quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+    if quota != "max":
+        cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+except Exception:
+    pass
+out("cpu_count", cpus)
+free = None
+try:
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            free = int(line.split()[1]) * 1024
+    limit = open("/sys/fs/cgroup/memory.max").read().strip()
+    if limit != "max":  # cgroup v2 memory limit (containers)
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        free = min(free or 1 << 62, int(limit) - used)
+except Exception:
+    pass
+out("mem_free_gib", f"{free / 2**30:.1f}" if free is not None else "")
+try:
+    import torch
+except Exception as exc:
+    out("torch_error", f"{type(exc).__name__}: {exc}")
+else:
+    out("torch_version", torch.__version__)
+    out("torch_cuda", torch.version.cuda)
+    avail = torch.cuda.is_available()
+    out("cuda_available", avail)
+    count = torch.cuda.device_count() if avail else 0
+    out("gpu_count", count)
+    caps = []
+    for i in range(count):
+        major, minor = torch.cuda.get_device_capability(i)
+        caps.append(f"{major}.{minor}")
+    out("gpu_caps", ",".join(caps))
+PY
+)"; then
+    die 3 "'$PYTHON_BIN' failed to run the environment probe, so nothing about the environment" \
+        "can be trusted; check that \`$PYTHON -c 'import sys'\` works in this shell."
+fi
+
+declare -A P=()
+while IFS='=' read -r key value; do
+    [[ -n "$key" ]] && P["$key"]="$value"
+done <<<"$probe_out"
+p() { printf '%s' "${P[$1]:-}"; }
+
+# version_ge A B: true when dotted version A >= B (numeric major.minor comparison).
+version_ge() {
+    local a_major a_minor b_major b_minor
+    IFS=. read -r a_major a_minor _ <<<"$1."
+    IFS=. read -r b_major b_minor _ <<<"$2."
+    a_major="${a_major//[!0-9]/}" a_minor="${a_minor//[!0-9]/}"
+    b_major="${b_major//[!0-9]/}" b_minor="${b_minor//[!0-9]/}"
+    ((${a_major:-0} > ${b_major:-0})) && return 0
+    ((${a_major:-0} == ${b_major:-0} && ${a_minor:-0} >= ${b_minor:-0}))
+}
+major_minor() { sed -n 's/^\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1.\2/p' <<<"$1"; }
+
+# ------------------------------------------------------------------------------ preflight
+# (2) torch
+[[ -z "$(p torch_error)" && -n "$(p torch_version)" ]] || die 3 "PyTorch cannot be imported by" \
+    "$PYTHON_BIN ($(p torch_error)), and Apex is compiled against and runs on the installed torch;" \
+    "install torch with CUDA first, e.g. \`conda env create -f environment.yml\`."
+TORCH_VERSION="$(p torch_version)"
+TORCH_CUDA="$(p torch_cuda)"
+[[ "$TORCH_CUDA" == "None" ]] && TORCH_CUDA=""
+
+# nvcc lookup: $CUDA_HOME/bin, $CONDA_PREFIX/bin, PATH. Sets NVCC, NVCC_CUDA_HOME, NVCC_VERSION.
+NVCC="" NVCC_CUDA_HOME="" NVCC_VERSION=""
+find_nvcc() {
+    local candidate
+    if [[ -n "${CUDA_HOME:-}" && -x "$CUDA_HOME/bin/nvcc" ]]; then
+        candidate="$CUDA_HOME/bin/nvcc"
+    elif [[ -n "${CONDA_PREFIX:-}" && -x "$CONDA_PREFIX/bin/nvcc" ]]; then
+        candidate="$CONDA_PREFIX/bin/nvcc"
+    else
+        candidate="$(command -v nvcc || true)"
+    fi
+    [[ -n "$candidate" ]] || return 0
+    [[ -n "${CUDA_HOME:-}" && "$candidate" != "$CUDA_HOME/bin/nvcc" ]] &&
+        warn "CUDA_HOME=$CUDA_HOME has no bin/nvcc; using $candidate instead"
+    NVCC="$candidate"
+    NVCC_CUDA_HOME="$(cd "$(dirname "$candidate")/.." && pwd)"
+    # "Cuda compilation tools, release 13.0, V13.0.48" -> 13.0
+    NVCC_VERSION="$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\),.*/\1/p' | head -n 1 || true)"
+}
+
+if ((WANT_MAIN)); then
+    # (3) CPU-only torch
+    [[ -n "$TORCH_CUDA" ]] || die 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda" \
+        "is None), but Apex's CUDA kernels need a CUDA build of torch; install one, e.g." \
+        "\`conda env create -f environment.yml\` or \`$PYTHON -m pip install torch --index-url" \
+        "https://download.pytorch.org/whl/cu130\` (or use --legacy-only for the Python-only legacy amp)."
+    TORCH_CUDA_MM="$(major_minor "$TORCH_CUDA")"
+    # (4) nvcc
+    find_nvcc
+    [[ -n "$NVCC" ]] || die 3 "no nvcc found (looked in \$CUDA_HOME/bin, \$CONDA_PREFIX/bin and" \
+        "PATH), and Apex's CUDA extensions are compiled with nvcc; install the CUDA toolkit matching" \
+        "torch's CUDA $TORCH_CUDA_MM, e.g. \`conda install -c conda-forge cuda-nvcc=$TORCH_CUDA_MM" \
+        "cuda-toolkit=$TORCH_CUDA_MM\`, or set CUDA_HOME to an installed toolkit."
+    # (5) nvcc version == torch.version.cuda (Apex's setup.py raises late otherwise)
+    [[ -n "$NVCC_VERSION" ]] || die 3 "could not read the CUDA release from \`$NVCC --version\`," \
+        "which Apex's setup.py needs to match torch's CUDA $TORCH_CUDA_MM; check that this nvcc runs," \
+        "or set CUDA_HOME to a working CUDA $TORCH_CUDA_MM toolkit."
+    [[ "$NVCC_VERSION" == "$TORCH_CUDA_MM" ]] || die 3 "nvcc at $NVCC is CUDA $NVCC_VERSION but torch" \
+        "$TORCH_VERSION was built with CUDA $TORCH_CUDA_MM, and Apex's setup.py refuses mismatched" \
+        "versions; install the matching toolkit (\`conda install -c conda-forge" \
+        "cuda-nvcc=$TORCH_CUDA_MM cuda-toolkit=$TORCH_CUDA_MM\`) or set CUDA_HOME to a CUDA" \
+        "$TORCH_CUDA_MM toolkit."
+    export CUDA_HOME="$NVCC_CUDA_HOME"
+else
+    # The legacy Python-only install needs no compiler, but use a real toolkit if there is one.
+    find_nvcc
+fi
+
+# (6) pip, plus the build backend that --no-build-isolation expects to be present already
+PIP_VERSION="$(p pip_version)"
+[[ -n "$PIP_VERSION" && "$PIP_VERSION" != "none" ]] || die 3 "pip is not available for" \
+    "$PYTHON_BIN, and Apex is installed with pip; install it with \`$PYTHON -m ensurepip --upgrade\`."
+version_ge "$PIP_VERSION" "$MIN_PIP" || die 3 "pip $PIP_VERSION is older than $MIN_PIP, which Apex's" \
+    "build instructions require for --no-build-isolation installs with build settings; upgrade it" \
+    "with \`$PYTHON -m pip install --upgrade pip\`."
+[[ -z "$(p build_deps_missing)" ]] || die 3 "the build backend packages $(p build_deps_missing)" \
+    "are missing, and --no-build-isolation builds use the installed ones; install them with" \
+    "\`$PYTHON -m pip install setuptools packaging wheel\`."
+
+ARCH_LIST="" ARCH_SOURCE="" JOBS_BUDGET=1 PARALLEL_BUILD=1 NINJA_JOBS=1 JOBS_REASON=""
+if ((WANT_MAIN)); then
+    # (7) ninja (without it torch compiles every file serially)
+    [[ "$(p ninja)" == "yes" ]] || die 3 "ninja was not found (neither \`import ninja\` nor a ninja" \
+        "binary on PATH), and without it torch compiles Apex's extensions one file at a time and" \
+        "ignores MAX_JOBS; install it with \`$PYTHON -m pip install ninja\`."
+    NINJA_BIN="$(p ninja_bin)"
+    # (8) GPU or an explicit arch list
+    GPU_CAPS="$(p gpu_caps)"
+    if [[ -n "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+        ARCH_LIST="$TORCH_CUDA_ARCH_LIST" ARCH_SOURCE="from TORCH_CUDA_ARCH_LIST"
+    elif [[ "$(p cuda_available)" == "True" && -n "$GPU_CAPS" ]]; then
+        ARCH_LIST="$(tr ',' '\n' <<<"$GPU_CAPS" | sort -u -t. -k1,1n -k2,2n | paste -sd';' -)"
+        ARCH_SOURCE="from the visible GPUs"
+    else
+        die 3 "torch sees no GPU and TORCH_CUDA_ARCH_LIST is unset, so there is no way to know which" \
+            "GPU architectures to compile Apex for; run this on the GPU machine or set it, e.g." \
+            "\`TORCH_CUDA_ARCH_LIST=\"8.0;9.0\" ./$PROG\`."
+    fi
+
+    # Parallelism: budget = min(CPUs, free GiB / GIB_PER_JOB) unless APEX_JOBS overrides it.
+    cpus="$(p cpu_count)" mem="$(p mem_free_gib)"
+    [[ "$cpus" =~ ^[0-9]+$ ]] || cpus=1
+    if [[ -n "$APEX_JOBS" ]]; then
+        JOBS_BUDGET="$APEX_JOBS" JOBS_REASON="from APEX_JOBS"
+    elif [[ "${mem%%.*}" =~ ^[0-9]+$ ]]; then
+        mem_jobs=$((${mem%%.*} / GIB_PER_JOB))
+        JOBS_BUDGET=$((cpus < mem_jobs ? cpus : mem_jobs))
+        JOBS_REASON="min($cpus CPUs, $mem GiB free / $GIB_PER_JOB GiB per job)"
+    else
+        JOBS_BUDGET="$cpus" JOBS_REASON="$cpus CPUs, free memory unknown"
+    fi
+    ((JOBS_BUDGET >= 1)) || JOBS_BUDGET=1
+    PARALLEL_BUILD=$((JOBS_BUDGET < MAX_PARALLEL_EXT ? JOBS_BUDGET : MAX_PARALLEL_EXT))
+    NINJA_JOBS=$((JOBS_BUDGET / PARALLEL_BUILD))
+    ((NINJA_JOBS >= 1)) || NINJA_JOBS=1
+fi
+
+# ------------------------------------------------------------------------ source folders
+# resolve_source NAME REF SRC: checks a local source folder against REF (read-only).
+# Sets SRC_KIND to clone | git | plain.
+resolve_source() {
+    local name=$1 ref=$2 src=$3 head
+    if [[ -z "$src" ]]; then
+        SRC_KIND=clone
+        return 0
+    fi
+    [[ -f "$src/setup.py" ]] || die 3 "$name=$src has no setup.py, so it is not an Apex source" \
+        "folder; point $name at an Apex checkout or unset it to clone $APEX_URL."
+    if [[ -e "$src/.git" ]]; then
+        command -v git >/dev/null || die 3 "$name=$src is a git checkout but git is not installed," \
+            "so its commit cannot be checked; install git or unset $name."
+        head="$(git -C "$src" rev-parse HEAD 2>/dev/null || true)"
+        [[ "$head" == "$ref" ]] || die 3 "$name=$src is checked out at ${head:-<unknown>}, but the" \
+            "requested commit is $ref; run \`git -C $src checkout $ref\` or set the commit to $head."
+        SRC_KIND=git
+    else
+        SRC_KIND=plain
+        say "note: $name=$src has no .git, so its commit cannot be verified; recording $ref as given."
+    fi
+}
+SRC_KIND=""
+MAIN_SRC_KIND="" LEGACY_SRC_KIND=""
+if ((WANT_MAIN)); then
+    resolve_source APEX_SRC "$APEX_REF" "$APEX_SRC"
+    MAIN_SRC_KIND="$SRC_KIND"
+fi
+if ((WANT_LEGACY)); then
+    resolve_source APEX_LEGACY_SRC "$APEX_LEGACY_REF" "$APEX_LEGACY_SRC"
+    LEGACY_SRC_KIND="$SRC_KIND"
+fi
+
+# json_get FILE KEY: string/number value of a top-level key in a marker this script wrote.
+json_get() {
+    [[ -f "$1" ]] || return 0
+    sed -n -e "s/^  \"$2\": \"\(.*\)\",\{0,1\}\$/\1/p" -e "s/^  \"$2\": \([^\",]*\),\{0,1\}\$/\1/p" "$1" |
+        head -n 1
+}
+describe_source() { # KIND SRC REF CLONE_DIR
+    case "$1" in
+        clone) printf 'clone %s into %s, checkout %s' "$APEX_URL" "$4" "$3" ;;
+        git) printf 'local git checkout %s (HEAD verified = %s)' "$2" "$3" ;;
+        plain) printf 'local folder %s (commit not verifiable; recorded as %s)' "$2" "$3" ;;
+    esac
+}
+
+# ------------------------------------------------------------------------------------ plan
+print_plan() {
+    if ((DRY_RUN)); then
+        say "plan (dry run: nothing will be cloned, built or installed)"
+    else
+        say "plan"
+    fi
+    printf '  %-17s %s\n' "python:" "$PYTHON_BIN (Python $(p python_version), pip $PIP_VERSION)"
+    printf '  %-17s %s\n' "torch:" "$TORCH_VERSION (CUDA ${TORCH_CUDA:-none}; GPUs: $(p gpu_count) [$(p gpu_caps)])"
+    printf '  %-17s %s\n' "workdir:" "$APEX_WORKDIR"
+    if ((WANT_MAIN)); then
+        printf '  %-17s %s\n' "source:" "$(describe_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$APEX_WORKDIR/src/apex")"
+        printf '  %-17s %s\n' "commit:" "$APEX_REF"
+        printf '  %-17s %s\n' "CUDA_HOME:" "$CUDA_HOME"
+        printf '  %-17s %s\n' "nvcc:" "$NVCC_VERSION ($NVCC)"
+        printf '  %-17s %s\n' "arch list:" "TORCH_CUDA_ARCH_LIST=$ARCH_LIST ($ARCH_SOURCE)"
+        printf '  %-17s %s\n' "jobs:" "APEX_PARALLEL_BUILD=$PARALLEL_BUILD MAX_JOBS=$NINJA_JOBS (budget $JOBS_BUDGET: $JOBS_REASON)"
+        [[ -n "${NVCC_APPEND_FLAGS:-}" ]] && printf '  %-17s %s\n' "nvcc flags:" "NVCC_APPEND_FLAGS=$NVCC_APPEND_FLAGS"
+        printf '  %-17s %s\n' "build:" "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 $PYTHON -m pip install -v --no-build-isolation --no-deps ."
+        printf '  %-17s %s\n' "install target:" "$(p site_packages) (replaces any installed 'apex')"
+        printf '  %-17s %s\n' "build log:" "$BUILD_LOG"
+        printf '  %-17s %s\n' "marker:" "$MARKER ($(if [[ -f "$MARKER" ]]; then
+            printf 'records %s, torch %s' "$(json_get "$MARKER" commit)" "$(json_get "$MARKER" torch_version)"
+        else printf 'none yet'; fi))"
+    fi
+    if ((WANT_LEGACY)); then
+        ((WANT_MAIN)) || printf '  %-17s %s\n' "nvcc:" "not needed (Python-only install; ${NVCC:-a version-only stub is used})"
+        printf '  %-17s %s\n' "legacy source:" "$(describe_source "$LEGACY_SRC_KIND" "$APEX_LEGACY_SRC" "$APEX_LEGACY_REF" "$APEX_WORKDIR/src/apex-legacy")"
+        printf '  %-17s %s\n' "legacy commit:" "$APEX_LEGACY_REF (Python-only, last commit with apex.amp)"
+        printf '  %-17s %s\n' "legacy target:" "$LEGACY_DIR (pip --target; use only via PYTHONPATH)"
+        printf '  %-17s %s\n' "legacy marker:" "$LEGACY_MARKER"
+    fi
+}
+print_plan
+if ((DRY_RUN)); then
+    say "dry run: nothing was cloned, built or installed."
+    exit 0
+fi
+
+# ------------------------------------------------------------------------- fetch / stage
+# stage_source KIND SRC REF DEST: make DEST a clean, writable tree of REF to build from.
+stage_source() {
+    local kind=$1 src=$2 ref=$3 dest=$4 head
+    mkdir -p "$(dirname "$dest")"
+    if [[ "$kind" == clone ]]; then
+        if [[ ! -d "$dest/.git" ]]; then
+            rm -rf "$dest"
+            say "cloning $APEX_URL into $dest"
+            git clone --quiet --filter=blob:none "$APEX_URL" "$dest" ||
+                die 4 "git clone of $APEX_URL failed; check network access or set APEX_SRC to a local checkout."
+        elif ! git -C "$dest" cat-file -e "$ref^{commit}" 2>/dev/null; then
+            git -C "$dest" fetch --quiet origin || die 4 "git fetch in $dest failed; check network access."
+        fi
+        git -C "$dest" -c advice.detachedHead=false checkout --quiet --force "$ref" ||
+            die 4 "commit $ref does not exist in $APEX_URL; check APEX_REF / APEX_LEGACY_REF."
+        head="$(git -C "$dest" rev-parse HEAD)"
+        [[ "$head" == "$ref" ]] || die 4 "$dest is at $head after checkout, expected $ref."
+        # Stale objects from another torch/arch must not be reused.
+        rm -rf "$dest/build" "$dest"/*.egg-info
+    else
+        # Build from a private copy: the user's folder stays clean and may be read-only.
+        rm -rf "$dest"
+        mkdir -p "$dest"
+        cp -R "$src/." "$dest/"
+        chmod -R u+w "$dest"
+        rm -rf "$dest/.git" "$dest/build" "$dest"/*.egg-info
+    fi
+}
+
+# ---------------------------------------------------------------------------- main Apex
+VERIFIED="" VERIFY_MSG=""
+# verify_main: imports the extensions, runs a FusedAdam step and a FusedLayerNorm forward.
+verify_main() {
+    local out rc=0 missing failed
+    mkdir -p "$APEX_WORKDIR"
+    out="$(cd "$APEX_WORKDIR" && PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" - "$LEGACY_DIR" \
+        2>>"$VERIFY_LOG" <<'PY'
+import importlib, os, sys
+import torch  # first: the extensions link against libc10/libtorch that torch loads
+import torch.nn.functional as F
+legacy_dir = os.path.realpath(sys.argv[1])
+ok, missing, failed = [], [], []
+for name in ("amp_C", "apex_C", "fused_layer_norm_cuda"):
+    try:
+        importlib.import_module(name)
+        ok.append(name)
+    except ModuleNotFoundError:
+        missing.append(name)
+    except Exception as exc:  # present but broken (ABI/torch mismatch, missing library)
+        failed.append(f"{name} fails to import ({type(exc).__name__}: {exc})")
+try:
+    import apex
+    where = os.path.realpath(os.path.dirname(apex.__file__))
+    if where.startswith(legacy_dir + os.sep):
+        failed.append(f"apex is imported from the legacy folder {where}; drop it from PYTHONPATH")
+    from apex.normalization import FusedLayerNorm
+    from apex.optimizers import FusedAdam
+except Exception as exc:
+    failed.append(f"import apex ({type(exc).__name__}: {exc})")
+else:
+    if not torch.cuda.is_available():
+        print("kernels=skipped (no visible GPU)")
+    else:
+        try:
+            param = torch.nn.Parameter(torch.ones(64, device="cuda"))
+            param.grad = torch.ones_like(param)
+            FusedAdam([param], lr=0.1).step()
+            torch.cuda.synchronize()
+            assert bool((param < 1).all()), "parameter did not move"
+            ok.append("FusedAdam")
+        except Exception as exc:
+            failed.append(f"FusedAdam step ({type(exc).__name__}: {exc})")
+        try:
+            x = torch.randn(8, 32, device="cuda")
+            norm = FusedLayerNorm(32).cuda()
+            ref = F.layer_norm(x, (32,), norm.weight, norm.bias, norm.eps)
+            torch.testing.assert_close(norm(x), ref, rtol=1e-4, atol=1e-4)
+            ok.append("FusedLayerNorm")
+        except Exception as exc:
+            failed.append(f"FusedLayerNorm forward ({type(exc).__name__}: {exc})")
+        print("kernels=tested")
+print("verified=" + ",".join(ok))
+print("missing=" + ",".join(missing))
+print("failed=" + "; ".join(failed).replace("\n", " "))
+sys.exit(1 if missing or failed else 0)
+PY
+    )" || rc=$?
+    VERIFIED="$(sed -n 's/^verified=//p' <<<"$out")"
+    missing="$(sed -n 's/^missing=//p' <<<"$out")"
+    failed="$(sed -n 's/^failed=//p' <<<"$out")"
+    grep -q '^kernels=skipped' <<<"$out" && warn "no GPU visible: extensions imported, kernels not exercised"
+    VERIFY_MSG=""
+    if [[ -n "$missing" ]]; then
+        VERIFY_MSG="Python-only Apex: ${missing//,/, } missing"
+        [[ -n "$failed" ]] && VERIFY_MSG+="; $failed"
+    elif [[ -n "$failed" ]]; then
+        VERIFY_MSG="$failed"
+    elif ((rc != 0)); then
+        VERIFY_MSG="the verification snippet exited with status $rc"
+    fi
+    [[ -z "$VERIFY_MSG" ]]
+}
+
+main_is_current() {
+    local commit torch
+    commit="$(json_get "$MARKER" commit)" torch="$(json_get "$MARKER" torch_version)"
+    [[ "$commit" == "$APEX_REF" && "$torch" == "$TORCH_VERSION" ]] || return 1
+    if verify_main; then
+        say "Apex $APEX_REF is already built for torch $TORCH_VERSION and verified ($MARKER); use --force to rebuild."
+        return 0
+    fi
+    say "$MARKER matches, but verification fails ($VERIFY_MSG); rebuilding."
+    return 1
+}
+
+build_main() {
+    local src="$APEX_WORKDIR/src/apex" start seconds rc=0 extra_path
+    stage_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$src"
+    rm -f "$MARKER"
+    say "removing any previously installed 'apex'"
+    PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" -m pip uninstall -y apex >/dev/null 2>&1 ||
+        warn "pip uninstall apex failed; continuing (the install below replaces it)"
+    # nvcc's toolkit first; the ninja binary found by the probe (may live in the env's bin dir).
+    extra_path="$CUDA_HOME/bin"
+    [[ -n "$NINJA_BIN" ]] && extra_path+=":$(dirname "$NINJA_BIN")"
+    say "building Apex $APEX_REF for TORCH_CUDA_ARCH_LIST=$ARCH_LIST with APEX_PARALLEL_BUILD=$PARALLEL_BUILD MAX_JOBS=$NINJA_JOBS"
+    say "build log: $BUILD_LOG"
+    start="$(date +%s)"
+    (
+        cd "$src"
+        export APEX_CPP_EXT=1 APEX_CUDA_EXT=1 CUDA_HOME TORCH_CUDA_ARCH_LIST="$ARCH_LIST"
+        export APEX_PARALLEL_BUILD="$PARALLEL_BUILD" MAX_JOBS="$NINJA_JOBS"
+        export PATH="$extra_path:$PATH"
+        echo "# $PROG: commit $APEX_REF, CUDA_HOME=$CUDA_HOME, TORCH_CUDA_ARCH_LIST=$ARCH_LIST," \
+            "APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD, MAX_JOBS=$MAX_JOBS, NVCC_APPEND_FLAGS=${NVCC_APPEND_FLAGS:-}"
+        PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" -m pip install -v --no-build-isolation --no-deps .
+    ) >"$BUILD_LOG" 2>&1 || rc=$?
+    seconds=$(($(date +%s) - start))
+    if ((rc != 0)); then
+        tail -n 30 "$BUILD_LOG" >&2
+        die 4 "pip install of Apex failed (exit $rc) after ${seconds}s; the last 30 lines are above," \
+            "the full log is $BUILD_LOG."
+    fi
+    say "build finished in ${seconds}s"
+    verify_main || die 5 "verification failed: $VERIFY_MSG - rebuild with ./$PROG --force (details in $VERIFY_LOG)."
+    write_marker "$MARKER" commit="$APEX_REF" commit_verified="$([[ "$MAIN_SRC_KIND" == plain ]] && echo false || echo true)" \
+        source="${APEX_SRC:-$APEX_URL}" torch_version="$TORCH_VERSION" torch_cuda="$TORCH_CUDA" \
+        nvcc_version="$NVCC_VERSION" cuda_home="$CUDA_HOME" arch_list="$ARCH_LIST" \
+        build_seconds="$seconds" date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" verified_extensions="$VERIFIED"
+    say "Apex $APEX_REF installed and verified ($VERIFIED); marker: $MARKER"
+}
+
+# write_marker FILE key=value...: JSON marker (lists are comma separated, numbers/bools typed).
+write_marker() {
+    local file=$1
+    shift
+    "$PYTHON_BIN" - "$file" "$@" <<'PY'
+import json, os, sys
+path, data = sys.argv[1], {}
+for item in sys.argv[2:]:
+    key, value = item.split("=", 1)
+    if key in ("verified_extensions",):
+        data[key] = [v for v in value.split(",") if v]
+    elif key == "build_seconds":
+        data[key] = int(value)
+    elif value in ("true", "false"):
+        data[key] = value == "true"
+    else:
+        data[key] = value
+with open(path + ".tmp", "w") as fh:
+    json.dump(data, fh, indent=2)
+    fh.write("\n")
+os.replace(path + ".tmp", path)
+PY
+}
+
+# ------------------------------------------------------------------------ legacy apex.amp
+verify_legacy() {
+    (cd "$APEX_WORKDIR" && PYTHONPATH="$LEGACY_DIR${CLEAN_PYTHONPATH:+:$CLEAN_PYTHONPATH}" \
+        "$PYTHON_BIN" - "$LEGACY_DIR" >>"$VERIFY_LOG" 2>&1 <<'PY'
+import os, sys
+from apex import amp  # noqa: F401  (the whole point of the legacy install)
+import apex
+where = os.path.realpath(apex.__file__)
+assert where.startswith(os.path.realpath(sys.argv[1]) + os.sep), f"apex came from {where}"
+print(f"legacy apex.amp OK from {where}")
+PY
+    )
+}
+
+legacy_is_current() {
+    [[ "$(json_get "$LEGACY_MARKER" commit)" == "$APEX_LEGACY_REF" && -d "$LEGACY_DIR/apex" ]] || return 1
+    if verify_legacy; then
+        say "legacy apex.amp $APEX_LEGACY_REF is already installed in $LEGACY_DIR; use --force to reinstall."
+        return 0
+    fi
+    say "$LEGACY_MARKER matches, but \`from apex import amp\` fails there; reinstalling."
+    return 1
+}
+
+install_legacy() {
+    local src="$APEX_WORKDIR/src/apex-legacy" cuda_home="$NVCC_CUDA_HOME" stub rc=0
+    stage_source "$LEGACY_SRC_KIND" "$APEX_LEGACY_SRC" "$APEX_LEGACY_REF" "$src"
+    rm -f "$LEGACY_MARKER"
+    rm -rf "$LEGACY_DIR"
+    mkdir -p "$LEGACY_DIR"
+    # The legacy setup.py runs `$CUDA_HOME/bin/nvcc -V` even when no extension is built. Without a
+    # toolkit, give it a stub that only reports a version; nothing is compiled in this install.
+    if [[ -z "$cuda_home" ]]; then
+        cuda_home="$APEX_WORKDIR/stub-cuda"
+        stub="$cuda_home/bin/nvcc"
+        mkdir -p "$cuda_home/bin"
+        printf '#!/bin/sh\necho "Cuda compilation tools, release %s, V%s.0"\n' \
+            "${TORCH_CUDA:-12.8}" "${TORCH_CUDA:-12.8}" >"$stub"
+        chmod +x "$stub"
+        say "no nvcc found; using a version-only stub ($stub) for the Python-only legacy install"
+    fi
+    say "installing legacy apex.amp $APEX_LEGACY_REF into $LEGACY_DIR (log: $LEGACY_LOG)"
+    (
+        cd "$src"
+        unset APEX_CPP_EXT APEX_CUDA_EXT
+        export CUDA_HOME="$cuda_home"
+        PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" -m pip install --no-deps --no-build-isolation --target "$LEGACY_DIR" .
+    ) >"$LEGACY_LOG" 2>&1 || rc=$?
+    if ((rc != 0)); then
+        tail -n 30 "$LEGACY_LOG" >&2
+        die 4 "pip install of the legacy Apex failed (exit $rc); the last 30 lines are above, the" \
+            "full log is $LEGACY_LOG."
+    fi
+    verify_legacy || die 5 "legacy verification failed: \`from apex import amp\` with" \
+        "PYTHONPATH=$LEGACY_DIR does not work - reinstall with ./$PROG --legacy-only --force" \
+        "(details in $VERIFY_LOG)."
+    write_marker "$LEGACY_MARKER" commit="$APEX_LEGACY_REF" path="$LEGACY_DIR" \
+        date="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    say "legacy apex.amp ready: PYTHONPATH=$LEGACY_DIR $PYTHON -c 'from apex import amp'"
+}
+
+# ------------------------------------------------------------------------------------ run
+mkdir -p "$APEX_WORKDIR"
+: >"$VERIFY_LOG"
+if ((WANT_MAIN)); then
+    if ((FORCE)) || ! main_is_current; then
+        build_main
+    fi
+fi
+if ((WANT_LEGACY)); then
+    if ((FORCE)) || ! legacy_is_current; then
+        install_legacy
+    fi
+fi
+exit 0
