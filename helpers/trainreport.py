@@ -1,0 +1,167 @@
+"""Notebook 05's tables and verdict: MFU against a stated peak, speedups, the time breakdown.
+
+MFU (model FLOPs utilisation) = FLOPs per token (``gpt.flops_per_token``: 6 N + 6 L d T) x
+tokens per second / peak FLOP/s. The peak is the dense bf16 tensor-core figure of the GPU's
+datasheet when the GPU is in :data:`DATASHEET_BF16_TFLOPS`, else the measured bf16 matmul
+ceiling of ``roofline.measure_ceilings()`` - and the table says which. Every path, fp32 ones
+included, is measured against that same bf16 peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from helpers.breakdown import NAMES
+from helpers.gpt import flops_per_token
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA datasheets; first match wins.
+DATASHEET_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0),
+    ("GH200", 989.0), ("H100", 989.0), ("H200", 989.0),
+    ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10", 125.0),
+)
+
+
+def peak_bf16_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, str]:
+    """The peak MFU is measured against, and where it came from."""
+    for key, value in DATASHEET_BF16_TFLOPS:
+        if key.lower() in device_name.lower():
+            return value, f"datasheet dense bf16 peak of the {key}"
+    rates = (ceilings or {}).get("matmul_tflops", {})
+    if "bf16" in rates:
+        return float(rates["bf16"]), "measured bf16 matmul ceiling (GPU not in the datasheet table)"
+    if "fp32" in rates:
+        return float(rates["fp32"]), "measured fp32 matmul ceiling (no bf16 tensor cores here)"
+    raise ValueError(f"no peak known for '{device_name}' and no measured ceilings given")
+
+
+def mfu(tokens_per_s: float, cfg, peak_tflops: float) -> float:
+    """Model FLOPs utilisation as a fraction of ``peak_tflops``."""
+    return flops_per_token(cfg) * tokens_per_s / (peak_tflops * 1e12)
+
+
+def paths_table(runs: list, exp, peak_tflops: float) -> pd.DataFrame:
+    """One row per path (skipped paths keep a row with their reason)."""
+    rows = []
+    for run in runs:
+        row = {"path": run.path.key, "label": run.path.label, "status": run.skipped or "ran"}
+        if not run.skipped:
+            tokens_per_s = exp.tokens_per_step / (run.timing.median_ms / 1e3)
+            row.update(step_ms=run.timing.median_ms, step_ms_iqr=run.timing.iqr_ms,
+                       tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, exp.cfg, peak_tflops),
+                       peak_mem_gib=run.peak_mem_gib, final_train_loss=run.final_train_loss,
+                       final_val_loss=run.val_loss, compile_s=run.compile_s,
+                       first_step_s=run.first_step_s, wall_s=run.wall_s, steps=exp.hp.steps,
+                       batch_checksum=str(run.checksum))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if "step_ms" not in table:
+        table["step_ms"] = math.nan
+    base = table.loc[table["path"] == "1", "step_ms"]
+    base_ms = float(base.iloc[0]) if len(base) else math.nan
+    table["speedup_vs_fp32"] = base_ms / table["step_ms"]
+    return table
+
+
+def breakdown_table(runs: list) -> pd.DataFrame:
+    """Per-step kernel time by category next to the step time, one row per profiled path.
+
+    On CUDA the reference is the untraced median step time (kernel durations are not slowed by
+    the profiler); on the CPU it is the traced step time, since tracing slows the operators
+    themselves down.
+    """
+    rows = []
+    for run in runs:
+        if run.skipped or not run.breakdown:
+            continue
+        b = run.breakdown
+        row = {"path": run.path.key, "label": run.path.label}
+        row.update({f"{k}_ms": b[f"{k}_ms"] for k in NAMES})
+        on_cuda = b.get("device") == "cuda"
+        step_ms = run.timing.median_ms if on_cuda else b["traced_step_ms"]
+        row.update(kernel_ms=b["kernel_ms"], step_ms=step_ms, gap_ms=step_ms - b["kernel_ms"],
+                   busy_pct=100.0 * b["kernel_ms"] / step_ms,
+                   kernels_per_step=b["kernels_per_step"], traced_step_ms=b["traced_step_ms"],
+                   step_reference="untraced median" if on_cuda else "traced",
+                   device=b.get("device", "cpu"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def verdict(table: pd.DataFrame) -> str:
+    """Sentences built from the run's numbers: fastest path, Apex vs native, fp32 baseline."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return "No path ran, so there is nothing to compare."
+    fastest = ran.loc[ran["step_ms"].idxmin()]
+    lines = [f"On this run the fastest path was {fastest['path']} ({fastest['label']}) at "
+             f"{fastest['step_ms']:.1f} ms per step, {fastest['mfu']:.1%} MFU, "
+             f"{fastest['speedup_vs_fp32']:.2f}x the FP32 baseline."]
+    by = ran.set_index("path")
+    if {"2", "3"} <= set(by.index):
+        ratio = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
+        if ratio < 0.97:
+            word = f"faster than native (Apex's step takes {ratio:.2f}x the native time)"
+        elif ratio > 1.03:
+            word = f"slower than native ({ratio:.2f}x the native step time)"
+        else:
+            word = f"level with native (ratio {ratio:.2f}, within 3%)"
+        helps = "helps" if ratio < 0.97 else "does not help"
+        lines.append(f"Path 2 (Apex) is {word}: on this GPU Apex {helps} over PyTorch's own "
+                     "fused AdamW and LayerNorm.")
+    else:
+        lines.append("Apex and native could not both run here, so there is no Apex verdict.")
+    return "\n".join(lines)
+
+
+def compare_breakdown(table: pd.DataFrame, a: str = "2", b: str = "3") -> str:
+    """Explain the step-time difference of paths ``a`` and ``b`` from their breakdown rows."""
+    rows = table.set_index("path") if not table.empty else table
+    if a not in rows.index or b not in rows.index:
+        return f"Paths {a} and {b} were not both profiled, so there is nothing to compare."
+    ra, rb = rows.loc[a], rows.loc[b]
+    diffs = {k: ra[f"{k}_ms"] - rb[f"{k}_ms"] for k in NAMES}
+    top = max(diffs, key=lambda k: abs(diffs[k]))
+    step_diff = ra["step_ms"] - rb["step_ms"]
+    kernel_diff = ra["kernel_ms"] - rb["kernel_ms"]
+    gap_diff = ra["gap_ms"] - rb["gap_ms"]
+    on_cuda = ra.get("device", "cuda") == "cuda"
+    inside, outside = (("kernels", "idle GPU time (CPU-side overhead)") if on_cuda
+                       else ("ATen operators", "time outside operators (Python, dispatch)"))
+    cause = inside if abs(kernel_diff) >= abs(gap_diff) else outside
+    text = (f"Path {a} vs path {b}: step {step_diff:+.2f} ms, of which {inside} "
+            f"{kernel_diff:+.2f} ms and the rest {gap_diff:+.2f} ms; most of the difference is "
+            f"in {cause}. The category that differs most is {top} ({diffs[top]:+.2f} ms per step)")
+    if on_cuda:
+        text += (f"; kernel launches per step: {ra['kernels_per_step']:.0f} vs "
+                 f"{rb['kernels_per_step']:.0f}")
+    return text + "."
+
+
+def targets(table: pd.DataFrame, applies: bool = True) -> str:
+    """The course's H200 targets, each marked met / missed / not measured, with the number."""
+    if not applies:
+        return "The course's targets (MFU, Apex vs FP32 and native) are set for the full profile "\
+               "on a GPU; this run is not one, so they are not evaluated."
+    by = table[table["status"] == "ran"].set_index("path")
+    lines = []
+
+    def mark(ok: bool | None) -> str:
+        return "not measured here" if ok is None else ("met" if ok else "MISSED")
+
+    best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
+    lines.append(f"fastest path >= 45% MFU: {mark(None if math.isnan(best) else best >= 0.45)} "
+                 f"(best {best:.1%})")
+    if {"1", "2"} <= set(by.index):
+        x = by.loc["2", "speedup_vs_fp32"]
+        lines.append(f"path 2 >= 5x path 1: {mark(x >= 5)} ({x:.2f}x)")
+    else:
+        lines.append("path 2 >= 5x path 1: not measured here")
+    if {"2", "3"} <= set(by.index):
+        r = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
+        lines.append(f"path 2 within 10% of path 3: {mark(r <= 1.10)} (step-time ratio {r:.3f})")
+    else:
+        lines.append("path 2 within 10% of path 3: not measured here")
+    return "\n".join(lines)

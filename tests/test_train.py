@@ -1,0 +1,147 @@
+"""Notebook 05's training paths on the CPU: same batches, same start, a falling loss, and the
+report arithmetic (MFU, peaks, verdict)."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import breakdown, corpus, gpt, train, trainreport
+
+CPU = torch.device("cpu")
+CFG = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=32)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return corpus.load_corpus(cap_mb=0.6)
+
+
+def _experiment(data, steps=12, profile_steps=0, **kw) -> train.Experiment:
+    hp = train.Hyper(steps=steps, batch=4, lr=3e-3, warmup=2, timing_warmup=2,
+                     profile_steps=profile_steps, **kw)
+    return train.make_experiment(CFG, hp, data.train, data.val, CPU, eval_batches=2)
+
+
+def test_lr_schedule():
+    hp = train.Hyper(steps=100, batch=1, lr=1e-3, warmup=10, min_lr_ratio=0.1)
+    assert train.lr_at(0, hp) == pytest.approx(1e-4)
+    assert train.lr_at(9, hp) == pytest.approx(1e-3)
+    assert train.lr_at(55, hp) == pytest.approx(0.55e-3)
+    assert train.lr_at(100, hp) == pytest.approx(1e-4) == train.lr_at(150, hp)
+    lrs = [train.lr_at(s, hp) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+
+
+def test_weight_decay_only_on_matrices_and_explicit():
+    model = gpt.GPT(CFG)
+    hp = train.Hyper(steps=1, batch=1, weight_decay=0.07)
+    for kind in ("adamw", "adamw_fused"):
+        opt = train.make_optimizer(kind, model, hp)
+        decay, no_decay = opt.param_groups
+        assert decay["weight_decay"] == 0.07 and no_decay["weight_decay"] == 0.0
+        assert all(p.dim() >= 2 for p in decay["params"])
+        assert all(p.dim() < 2 for p in no_decay["params"])
+        assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == \
+            gpt.count_params(model)
+        assert decay["betas"] == hp.betas and decay["eps"] == hp.eps
+
+
+def test_every_path_starts_from_the_same_weights(data):
+    exp = _experiment(data)
+    a = train._build(train.PATHS["1"], exp).state_dict()
+    b = train._build(train.PATHS["3"], exp).state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_same_batches_for_every_path_and_loss_decreases(data):
+    exp = _experiment(data, steps=25)
+    runs = [train.run_path(train.PATHS[k], exp) for k in ("1", "3")]
+    assert all(r.skipped is None for r in runs)
+    expected = sum(int(corpus.token_checksum(exp.plan.batch(i)[0])) for i in range(25))
+    assert runs[0].checksum == runs[1].checksum == expected
+    for run in runs:
+        assert len(run.losses) == 25
+        first, last = sum(run.losses[:3]) / 3, run.final_train_loss
+        assert last < first - 0.5, (first, last)
+        assert math.isfinite(run.val_loss)
+    # fp32 and bf16-autocast training of the same model on the same batches stay close
+    assert runs[0].val_loss == pytest.approx(runs[1].val_loss, rel=0.05)
+
+
+def test_profiler_breakdown_adds_up(data):
+    exp = _experiment(data, steps=4, profile_steps=2)
+    run = train.run_path(train.PATHS["1"], exp)
+    parts = sum(run.breakdown[f"{k}_ms"] for k in breakdown.NAMES)
+    assert parts == pytest.approx(run.breakdown["kernel_ms"])
+    assert run.breakdown["matmul_ms"] > 0 and run.breakdown["optimizer_ms"] > 0
+    table = trainreport.breakdown_table([run])
+    assert list(table["path"]) == ["1"] and table["gap_ms"].notna().all()
+
+
+def test_gpu_only_paths_skip_on_cpu_with_one_line(data):
+    exp = _experiment(data)
+    for key in ("1b", "2", "4"):
+        run = train.run_path(train.PATHS[key], exp)
+        assert run.skipped and "\n" not in run.skipped and f"Path {key}" in run.skipped
+
+
+def test_out_of_memory_marks_the_path_skipped(data, monkeypatch):
+    def boom(path, exp):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+
+    monkeypatch.setattr(train, "_build", boom)
+    run = train.run_path(train.PATHS["1"], _experiment(data))
+    assert run.skipped and "smaller batch_size" in run.skipped
+
+
+@pytest.mark.parametrize("name, category", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
+    ("fmha_cutlassB_f32_aligned_64x64_k64_sm80", "attention"),
+    ("void cuApplyLayerNorm<c10::BFloat16, float, c10::BFloat16>", "norm"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+    ("triton_per_fused_add_native_layer_norm_3", "norm"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", "elementwise"),
+    ("triton_poi_fused_gelu_5", "elementwise"),
+    ("aten::addmm", "matmul"),
+    ("aten::_fused_adamw_", "optimizer"),
+    ("aten::native_layer_norm_backward", "norm"),
+    ("aten::embedding_dense_backward", "other"),
+])
+def test_kernel_categories(name, category):
+    assert breakdown.categorize(name) == category
+
+
+def test_peak_lookup_and_mfu():
+    assert trainreport.peak_bf16_tflops("NVIDIA H200")[0] == 989.0
+    assert trainreport.peak_bf16_tflops("NVIDIA H100 80GB HBM3")[0] == 989.0
+    assert trainreport.peak_bf16_tflops("NVIDIA H100 PCIe")[0] == 756.0
+    assert trainreport.peak_bf16_tflops("NVIDIA A100-SXM4-80GB")[0] == 312.0
+    assert trainreport.peak_bf16_tflops("NVIDIA L40S")[0] == 362.0
+    value, source = trainreport.peak_bf16_tflops("Some GPU", {"matmul_tflops": {"bf16": 500.0}})
+    assert value == 500.0 and "measured" in source
+    with pytest.raises(ValueError):
+        trainreport.peak_bf16_tflops("Some GPU", {})
+    cfg = gpt.GPT2_SMALL
+    # 568_138_752 FLOP/token at 1e6 tokens/s on a 989 TFLOP/s peak
+    assert trainreport.mfu(1e6, cfg, 989.0) == pytest.approx(568_138_752e6 / 989e12)
+
+
+def _fake_table(step_2: float, step_3: float) -> pd.DataFrame:
+    rows = [("1", "FP32", 300.0), ("2", "Apex", step_2), ("3", "Native", step_3)]
+    table = pd.DataFrame([{"path": p, "label": lab, "status": "ran", "step_ms": ms,
+                           "mfu": 0.1, "speedup_vs_fp32": 300.0 / ms} for p, lab, ms in rows])
+    return table
+
+
+def test_verdict_follows_the_numbers():
+    assert "does not help" in trainreport.verdict(_fake_table(50.0, 40.0))
+    assert "slower than native" in trainreport.verdict(_fake_table(50.0, 40.0))
+    assert "Apex helps" in trainreport.verdict(_fake_table(30.0, 40.0))
+    assert "level with native" in trainreport.verdict(_fake_table(40.5, 40.0))
+    assert "fastest path was 2" in trainreport.verdict(_fake_table(30.0, 40.0))
