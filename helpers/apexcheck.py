@@ -1,0 +1,287 @@
+"""Which Apex fused kernels really work on this machine.
+
+``import apex`` succeeding proves little: a Python-only install imports fine and lacks every
+compiled kernel. :func:`detect` checks each feature at three levels - the Python import, the
+compiled extension it needs, and a tiny run on the GPU compared with a torch reference in
+float64 - and returns one row per feature. Every import goes through an injectable
+``importer`` so the checks can be exercised on a CPU with simulated installs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from helpers import gpu
+
+Importer = Callable[[str], ModuleType]
+
+AVAILABLE = "available"
+PYTHON_ONLY = "PYTHON-ONLY: kernel missing"
+NOT_INSTALLED = "not installed"
+NO_GPU = "no GPU to run it"
+BROKEN = "broken"
+COLUMNS = ["feature", "python_import", "cuda_extension", "gpu_smoke_run", "verdict"]
+LEGACY_FEATURE = "apex.amp (legacy)"
+FIX = "./build_apex.sh --force"
+
+
+class WrongResult(AssertionError):
+    """A kernel ran but its answer differs from the torch reference beyond tolerance."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One Apex feature: where it lives, the compiled extensions it needs, its smoke test."""
+
+    name: str
+    module: str
+    attr: str
+    extensions: tuple[str, ...]
+    smoke: Callable[[object, Importer, torch.device], None]
+
+
+def _import(name: str) -> ModuleType:
+    """The default importer (a module-level name, so tests may monkeypatch it)."""
+    return importlib.import_module(name)
+
+
+def _one_line(exc: BaseException, limit: int = 140) -> str:
+    """``Type: first line of the message``, shortened to ``limit`` characters."""
+    if isinstance(exc, WrongResult):
+        text = f"wrong result: {exc}"
+    elif isinstance(exc, torch.cuda.OutOfMemoryError):
+        text = "out of the GPU's memory during a tiny test (another process holds it?)"
+    else:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_close(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: float) -> None:
+    """Raise :class:`WrongResult` unless ``|actual - expected| <= tol * (1 + |expected|)``."""
+    if actual.shape != expected.shape:
+        raise WrongResult(f"{what}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    err = ((a - e).abs() / (1 + e.abs())).nan_to_num(float("inf")).max().item()
+    if err > tol:
+        raise WrongResult(f"{what} differs from torch by {err:.1e} (tolerance {tol:.0e})")
+
+
+# ---------------------------------------------------------------------------- smoke tests
+SHAPES = [(1000,), (300, 257)]  # the second spans two 65536-element chunks of multi_tensor_apply
+
+
+def _smoke_fused_adam(cls, importer: Importer, device: torch.device) -> None:
+    """Three FusedAdam steps on float32 tensors vs torch AdamW in float64 on the same data."""
+    gen = torch.Generator().manual_seed(0)
+    init = [torch.randn(s, generator=gen) for s in SHAPES]
+    grads = [[torch.randn(s, generator=gen) for s in SHAPES] for _ in range(3)]
+    params = [torch.nn.Parameter(t.to(device)) for t in init]
+    ref = [torch.nn.Parameter(t.double()) for t in init]
+    hyper = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    optimizer = cls(params, **hyper)
+    reference = torch.optim.AdamW(ref, foreach=False, **hyper)
+    for step_grads in grads:
+        for p, r, g in zip(params, ref, step_grads, strict=True):
+            p.grad, r.grad = g.to(device), g.double()
+        optimizer.step()
+        reference.step()
+    for i, (p, r) in enumerate(zip(params, ref, strict=True)):
+        _check_close(p, r, f"FusedAdam parameter {i} after 3 steps (vs AdamW)", 1e-5)
+
+
+def _smoke_norm(rms: bool, mixed: bool) -> Callable[[object, Importer, torch.device], None]:
+    """Forward of a (Mixed)Fused(LayerNorm|RMSNorm) vs F.layer_norm / F.rms_norm in float64."""
+
+    def run(cls, importer: Importer, device: torch.device) -> None:
+        gen = torch.Generator().manual_seed(0)
+        rows, hidden, eps = 64, 768, 1e-5
+        x = (torch.randn(rows, hidden, generator=gen) * 3 + 1).to(device)
+        # The Mixed variants take a float32 input with half-precision parameters and return
+        # the parameters' dtype (Apex's kernels accept that pairing, not bf16 in / fp32 out).
+        low = torch.bfloat16 if device.type == "cpu" or gpu.bf16_supported() else torch.float16
+        param_dtype = low if mixed else torch.float32
+        module = cls(hidden, eps=eps).to(device=device, dtype=param_dtype)
+        with torch.no_grad():
+            module.weight.copy_(torch.rand(hidden, generator=gen) + 0.5)
+            if not rms:
+                module.bias.copy_(torch.randn(hidden, generator=gen))
+            out = module(x)
+        x64 = x.to("cpu", torch.float64)
+        w64 = module.weight.detach().to("cpu", torch.float64)  # the values the kernel used
+        if rms:
+            expected = F.rms_norm(x64, (hidden,), w64, eps)
+        else:
+            b64 = module.bias.detach().to("cpu", torch.float64)
+            expected = F.layer_norm(x64, (hidden,), w64, b64, eps)
+        if out.dtype != param_dtype:
+            raise WrongResult(f"{cls.__name__} returned {out.dtype}, expected {param_dtype}")
+        tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}[param_dtype]
+        _check_close(out, expected, f"{cls.__name__} forward", tol)
+
+    return run
+
+
+def _smoke_multi_tensor(applier, importer: Importer, device: torch.device) -> None:
+    """``multi_tensor_scale`` vs torch mul, its overflow flag, and ``multi_tensor_l2norm``."""
+    amp_C = importer("amp_C")
+    gen = torch.Generator().manual_seed(0)
+    src = [torch.randn(s, generator=gen).to(device) for s in SHAPES]
+    dst = [torch.empty_like(t) for t in src]
+    flag = torch.zeros(1, dtype=torch.int, device=device)
+    applier(amp_C.multi_tensor_scale, flag, [src, dst], 0.25)
+    for i, (s, d) in enumerate(zip(src, dst, strict=True)):
+        _check_close(d, s.double() * 0.25, f"multi_tensor_scale tensor {i}", 1e-6)
+    if int(flag.item()) != 0:
+        raise WrongResult("multi_tensor_scale flagged an overflow on finite inputs")
+    norm, _ = applier(amp_C.multi_tensor_l2norm, flag, [src], False)
+    expected = torch.linalg.vector_norm(torch.cat([t.double().flatten() for t in src]))
+    _check_close(norm.reshape(-1)[:1], expected.reshape(1), "multi_tensor_l2norm", 1e-5)
+    bad = [t.clone() for t in src]
+    bad[1][7] = float("inf")
+    applier(amp_C.multi_tensor_scale, flag, [bad, [torch.empty_like(t) for t in bad]], 1.0)
+    if int(flag.item()) != 1:
+        raise WrongResult("multi_tensor_scale did not flag an inf in its input")
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("FusedAdam", "apex.optimizers", "FusedAdam", ("amp_C",), _smoke_fused_adam),
+    Feature("FusedLayerNorm", "apex.normalization", "FusedLayerNorm",
+            ("fused_layer_norm_cuda",), _smoke_norm(rms=False, mixed=False)),
+    Feature("FusedRMSNorm", "apex.normalization", "FusedRMSNorm",
+            ("fused_layer_norm_cuda",), _smoke_norm(rms=True, mixed=False)),
+    Feature("MixedFusedLayerNorm", "apex.normalization", "MixedFusedLayerNorm",
+            ("fused_layer_norm_cuda",), _smoke_norm(rms=False, mixed=True)),
+    Feature("MixedFusedRMSNorm", "apex.normalization", "MixedFusedRMSNorm",
+            ("fused_layer_norm_cuda",), _smoke_norm(rms=True, mixed=True)),
+    Feature("multi_tensor_applier", "apex.multi_tensor_apply", "multi_tensor_applier",
+            ("amp_C",), _smoke_multi_tensor),
+)
+
+
+# ------------------------------------------------------------------------------ detection
+def _row(name: str, imp, ext, smoke, verdict: str) -> dict:
+    return dict(zip(COLUMNS, (name, imp, ext, smoke, verdict), strict=True))
+
+
+def _apex_problem(importer: Importer) -> str | None:
+    """None when ``apex`` imports; otherwise the verdict every Apex row gets."""
+    try:
+        importer("apex")
+    except ModuleNotFoundError as exc:
+        if exc.name == "apex":
+            return NOT_INSTALLED
+        return f"{BROKEN}: {_one_line(exc)}"
+    except Exception as exc:
+        return f"{BROKEN}: {_one_line(exc)}"
+    return None
+
+
+def check_feature(feature: Feature, *, importer: Importer, device: torch.device,
+                  run_smoke: bool) -> dict:
+    """One table row for ``feature`` (``apex`` itself is known to import)."""
+    try:
+        obj = getattr(importer(feature.module), feature.attr)
+    except Exception as exc:
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError | AttributeError):
+            hint = " - not NVIDIA Apex? (the PyPI package 'apex' is unrelated)"
+        return _row(feature.name, False, None, None, f"{BROKEN}: {_one_line(exc)}{hint}")
+    for ext in feature.extensions:
+        try:
+            importer(ext)
+        except ModuleNotFoundError as exc:
+            verdict = PYTHON_ONLY if exc.name == ext else f"{BROKEN}: {_one_line(exc)}"
+            return _row(feature.name, True, False, None, verdict)
+        except Exception as exc:  # e.g. "undefined symbol" after a torch upgrade
+            return _row(feature.name, True, False, None, f"{BROKEN}: {_one_line(exc)}")
+    if not run_smoke:
+        return _row(feature.name, True, True, None, NO_GPU)
+    try:
+        feature.smoke(obj, importer, device)  # its checks copy to the CPU, so errors surface here
+    except Exception as exc:
+        return _row(feature.name, True, True, False, f"{BROKEN}: {_one_line(exc)}")
+    return _row(feature.name, True, True, True, AVAILABLE)
+
+
+def detect(*, importer: Importer | None = None, device: torch.device | str | None = None,
+           run_smoke: bool | None = None, legacy_check: Callable[[], bool] | None = None,
+           features: Sequence[Feature] = FEATURES):
+    """One row per Apex feature: ``feature, python_import, cuda_extension, gpu_smoke_run,
+    verdict`` (checks are True/False, or None when not attempted). Smoke runs default to on
+    when ``device`` (default: the course's device) is a CUDA GPU."""
+    import pandas as pd
+
+    importer = importer or _import
+    dev = torch.device(device) if device is not None else gpu.device()
+    run_smoke = dev.type == "cuda" if run_smoke is None else run_smoke
+    legacy_check = legacy_check or gpu.legacy_amp_available
+    problem = _apex_problem(importer)
+    rows = []
+    for feature in features:
+        if problem is None:
+            rows.append(check_feature(feature, importer=importer, device=dev, run_smoke=run_smoke))
+        else:
+            imported = None if problem == NOT_INSTALLED else False
+            rows.append(_row(feature.name, imported, None, None, problem))
+    legacy = bool(legacy_check())
+    rows.append(_row(LEGACY_FEATURE, legacy, None, None, AVAILABLE if legacy else NOT_INSTALLED))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def is_available(table, feature: str) -> bool:
+    """True when ``feature``'s verdict in a :func:`detect` table is ``available``."""
+    match = table.loc[table["feature"] == feature, "verdict"]
+    return bool(len(match)) and match.iloc[0] == AVAILABLE
+
+
+def summary(table) -> str:
+    """One computed sentence on what a :func:`detect` table says."""
+    apex_rows = table[table["feature"] != LEGACY_FEATURE]
+    legacy = table.loc[table["feature"] == LEGACY_FEATURE, "verdict"]
+    legacy_text = f"legacy apex.amp {legacy.iloc[0] if len(legacy) else 'not checked'}"
+    counts = apex_rows["verdict"].value_counts()
+    total = len(apex_rows)
+    if counts.get(NOT_INSTALLED, 0) == total:
+        return f"Apex is not installed (./build_apex.sh builds it); {legacy_text}."
+    parts = []
+    if counts.get(AVAILABLE, 0):
+        parts.append(f"{counts[AVAILABLE]} of {total} features available (ran and matched torch)")
+    if counts.get(NO_GPU, 0):
+        parts.append(f"{counts[NO_GPU]} with kernels that import but were not run (no GPU)")
+    if counts.get(PYTHON_ONLY, 0):
+        parts.append(f"{counts[PYTHON_ONLY]} PYTHON-ONLY (kernel missing)")
+    broken = apex_rows[apex_rows["verdict"].str.startswith(BROKEN)]
+    if len(broken):
+        parts.append(f"{len(broken)} broken ({', '.join(broken['feature'])})")
+    return "Apex: " + "; ".join(parts) + f"; {legacy_text}."
+
+
+def python_only_warning(table) -> str | None:
+    """The loud warning (with the fix) when Apex imports but its compiled kernels are missing."""
+    rows = table[table["verdict"] == PYTHON_ONLY]
+    if rows.empty:
+        return None
+    needs = {f.name: f.extensions for f in FEATURES}
+    missing = sorted({ext for name in rows["feature"] for ext in needs.get(name, ())})
+    names = ", ".join(rows["feature"])
+    bar = "!" * 78
+    return "\n".join([
+        bar,
+        "WARNING: Apex is a PYTHON-ONLY install. `import apex` works, but the compiled",
+        f"extension(s) {', '.join(missing) or '?'} are missing, so these features have no kernel:",
+        f"  {names}.",
+        "Constructing them raises an error, and any code that only tries `import apex` is fooled.",
+        "Fix: check that nvcc's CUDA release matches torch's (`nvcc --version` against",
+        "`python -c 'import torch; print(torch.version.cuda)'`), then rebuild with",
+        f"  {FIX}",
+        "and read .apex/build.log if it fails. Restart the kernel afterwards.",
+        bar,
+    ])

@@ -1,0 +1,90 @@
+"""helpers.apexbuild: nvcc lookup in build_apex.sh's order, and running the script streamed."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+from helpers import apexbuild
+
+
+def fake_nvcc(folder: Path, release: str) -> Path:
+    """An executable ``folder/bin/nvcc`` that reports ``release``."""
+    path = folder / "bin" / "nvcc"
+    path.parent.mkdir(parents=True)
+    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_nvcc_lookup_order(tmp_path, monkeypatch):
+    cuda = fake_nvcc(tmp_path / "cuda", "12.8")
+    conda = fake_nvcc(tmp_path / "conda", "13.0")
+    on_path = fake_nvcc(tmp_path / "path", "12.6")
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("CONDA_PREFIX", str(tmp_path / "conda"))
+    assert apexbuild.find_nvcc() == cuda
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing-here"))
+    assert apexbuild.find_nvcc() == conda
+    monkeypatch.delenv("CONDA_PREFIX")
+    assert apexbuild.find_nvcc() == on_path
+    assert apexbuild.nvcc_release(on_path) == "12.6"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert apexbuild.find_nvcc() is None
+    assert apexbuild.nvcc_release(None) is None
+
+
+def test_toolchain_compares_nvcc_with_torch(tmp_path, monkeypatch):
+    fake_nvcc(tmp_path / "cuda", "13.0")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setattr(apexbuild.torch.version, "cuda", "13.0")
+    assert apexbuild.toolchain()["nvcc_matches_torch"] is True
+    monkeypatch.setattr(apexbuild.torch.version, "cuda", "12.8")
+    info = apexbuild.toolchain()
+    assert info["nvcc_release"] == "13.0" and info["nvcc_matches_torch"] is False
+    monkeypatch.setattr(apexbuild.torch.version, "cuda", None)
+    assert apexbuild.toolchain()["nvcc_matches_torch"] is False
+
+
+def test_run_build_script_streams_and_returns_the_exit_status(tmp_path):
+    script = tmp_path / "build_apex.sh"
+    script.write_text('echo "python is $PYTHON"\necho "args: $*"\necho "oops" >&2\nexit 3\n')
+    lines: list[str] = []
+    rc = apexbuild.run_build_script(["--dry-run"], script=script, echo=lines.append)
+    assert rc == 3
+    assert lines == [f"python is {sys.executable}", "args: --dry-run", "oops"]
+
+
+def test_run_build_script_timeout_and_missing(tmp_path):
+    script = tmp_path / "build_apex.sh"
+    script.write_text("echo start\nsleep 30\necho never\n")
+    lines: list[str] = []
+    assert apexbuild.run_build_script(script=script, timeout=0.5, echo=lines.append) == 124
+    assert lines[0] == "start" and "never" not in lines and "stopped after" in lines[-1]
+    lines.clear()
+    assert apexbuild.run_build_script(script=tmp_path / "nope.sh", echo=lines.append) == 127
+    assert "missing" in lines[0]
+
+
+def test_the_course_script_is_where_the_helper_looks():
+    path = apexbuild.build_script()
+    assert path.name == "build_apex.sh"
+    if path.exists():
+        assert os.access(path, os.R_OK)
+
+
+def test_exit_codes_and_readiness_table():
+    assert "preflight" in apexbuild.explain_exit(3)
+    assert apexbuild.explain_exit(42).startswith("exit 42")
+    tools = {"torch_cuda": "13.0", "nvcc": "/usr/bin/nvcc", "nvcc_release": "12.8",
+             "nvcc_matches_torch": False, "ninja": True, "gpu": True}
+    env = {"gpu_name": "NVIDIA H200", "gpu_capability": "9.0", "bf16_supported": True,
+           "driver": "580.1"}
+    table = apexbuild.readiness_table(env, tools)
+    assert list(table.columns) == ["check", "here", "why_it_matters"]
+    here = dict(zip(table["check"], table["here"], strict=True))
+    assert here["nvcc (toolkit)"] == "CUDA 12.8 at /usr/bin/nvcc"
+    assert here["nvcc matches torch"] is False and here["compute capability"] == "9.0"
