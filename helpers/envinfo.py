@@ -32,7 +32,9 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def course_commit() -> str | None:
-    """The git commit of the course checkout, if it is one."""
+    """The git commit of the course checkout (``$COURSE_COMMIT`` where the copy has no .git)."""
+    if os.environ.get("COURSE_COMMIT"):
+        return os.environ["COURSE_COMMIT"]
     root = repo_root()
     if root is None:
         return None

@@ -1,0 +1,79 @@
+"""The reference report: summary.json stays well-formed and the README headline matches it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import report, runner
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_NAMES = [p.name for p in sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
+
+
+def _fake_run(tmp_path: Path) -> Path:
+    results = tmp_path / "results"
+    results.mkdir(parents=True)
+    pd.DataFrame([
+        {"path": "1", "label": "FP32 vanilla", "step_ms": 200.0, "tokens_per_s": 8e4,
+         "mfu": 0.04, "peak_mem_gib": 10.0, "final_val_loss": 2.80, "speedup_vs_fp32": 1.0},
+        {"path": "3", "label": "Native fused + torch.amp", "step_ms": 40.0, "tokens_per_s": 4e5,
+         "mfu": 0.22, "peak_mem_gib": 6.5, "final_val_loss": 2.81, "speedup_vs_fp32": 5.0},
+    ]).to_csv(results / "05_paths.csv", index=False)
+    pd.DataFrame([{"candidate": "fused", "median_ms": 2.0, "pct_of_copy_ceiling": 82.0,
+                   "ignored": 1}]).to_csv(results / "02_optimizer_step.csv", index=False)
+    return tmp_path
+
+
+def _env() -> dict:
+    return {"gpu_name": "NVIDIA H200", "driver": "580", "torch": "2.11.0", "torch_cuda": "13.0",
+            "apex_commit": "6424da3b4faa6c8f", "course_commit": "abc123",
+            "date": "2026-11-29T00:00:00+00:00"}
+
+
+def test_gpu_slug_drops_the_vendor():
+    assert report.gpu_slug("NVIDIA H200") == "h200"
+    assert report.gpu_slug("Tesla T4") == "tesla-t4"
+
+
+def test_summary_collects_the_figures(tmp_path):
+    out = _fake_run(tmp_path)
+    runs = [runner.NotebookRun(name, 10.0, True, out / name) for name in NOTEBOOK_NAMES]
+    summary = report.build_summary(out, runs, _env(), "full")
+    assert report.validate_summary(summary) == []
+    assert summary["transformer_paths"][1]["speedup_vs_fp32"] == 5.0
+    assert summary["optimizer_step"] == [{"candidate": "fused", "median_ms": 2.0,
+                                          "pct_of_copy_ceiling": 82.0}]
+    table = report.readme_table(summary)
+    assert "| Native fused + torch.amp | 40.0 | 400,000 | 22.0% | 6.5 | 2.810 | 5.00x |" in table
+    summary["transformer_paths"][0].pop("mfu")
+    summary.pop("driver")
+    problems = report.validate_summary(summary)
+    assert "missing key 'driver'" in problems and "transformer_paths[0] lacks 'mfu'" in problems
+
+
+def test_report_refuses_without_cuda(monkeypatch, capsys):
+    monkeypatch.setattr(report.gpu, "cuda_available", lambda: False)
+    assert report.main([]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+SUMMARIES = sorted((ROOT / "reports").glob("*/summary.json"))
+
+
+@pytest.mark.parametrize("path", SUMMARIES, ids=[p.parent.name for p in SUMMARIES])
+def test_committed_summaries_are_well_formed(path):
+    assert report.validate_summary(json.loads(path.read_text())) == []
+
+
+def test_readme_headline_matches_the_reference_summary():
+    section = report.readme_section((ROOT / "README.md").read_text())
+    reference = ROOT / "reports" / "h200" / "summary.json"
+    if not reference.exists():
+        assert section is None, "README shows a headline but reports/h200/summary.json is absent"
+        return
+    assert section is not None, "reports/h200 exists: the README needs its headline table"
+    assert report.readme_table(json.loads(reference.read_text())) in section
