@@ -1,0 +1,358 @@
+"""Tests for notebook 04's helpers (amp_train, amp_checks, amp_migration, legacy_amp_run).
+
+Everything here runs on the CPU at smoke sizes. The legacy apex.amp itself needs a CUDA GPU;
+what can be checked without one is checked: the child process's argument parsing, its JSON,
+its one-line failures, and (when a legacy Apex source is at hand) its import and reset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import amp_checks, amp_migration, amp_train, gpu, legacy_amp_run
+from helpers.amp_train import RunResult, TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CFG = TrainConfig.smoke()
+REQUIRED_COLUMNS = {"run", "api", "opt_level_or_recipe", "step_ms", "final_loss", "param_dtype",
+                    "activation_dtype", "peak_mem_mib", "loss_scale_final", "finite"}
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return amp_train.make_batches(CFG, "cpu")
+
+
+@pytest.fixture(scope="module")
+def runs(batches):
+    return {name: amp_train.run_recipe(name, CFG, batches) for name in amp_train.RECIPES}
+
+
+def test_config_round_trips_through_json():
+    assert TrainConfig.from_json(CFG.to_json()) == CFG
+
+
+def test_data_and_model_are_seeded(batches):
+    again = amp_train.make_batches(CFG, "cpu")
+    for (x1, y1), (x2, y2) in zip(batches, again, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert len(batches) == CFG.pool and int(batches[0][1].max()) < CFG.classes
+    a, b = amp_train.make_model(CFG), amp_train.make_model(CFG)
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_every_recipe_trains_and_stays_near_fp32(runs):
+    base = runs["fp32"]
+    for name, r in runs.items():
+        assert r.ok, r.error
+        assert len(r.losses) == CFG.steps and len(r.step_ms) == CFG.steps
+        assert r.finite and r.decreasing, (name, r.losses)
+        assert abs(r.final_loss - base.final_loss) / base.final_loss < 0.05, name
+
+
+def test_recipes_report_their_dtypes_and_scales(runs):
+    expect = {  # recipe: (param, master, activation, has a loss scale)
+        "fp32": ("float32", "float32", "float32", False),
+        "autocast_fp16": ("float32", "float32", "float16", True),
+        "autocast_bf16": ("float32", "float32", "bfloat16", False),
+        "fp16_master_weights": ("float16", "float32", "float16", True),
+    }
+    for name, (param, master, act, scaled) in expect.items():
+        r = runs[name]
+        assert (r.param_dtype, r.master_dtype, r.activation_dtype) == (param, master, act), name
+        assert bool(r.loss_scales) == scaled, name
+        assert r.peak_mem_mib is None  # CPU: no GPU memory counter
+
+
+def test_unknown_recipe_is_refused():
+    with pytest.raises(KeyError, match="unknown recipe"):
+        amp_train.build_recipe("O2", CFG, "cpu")
+
+
+def test_runs_table_and_curves(runs):
+    table = amp_train.runs_table(list(runs.values()))
+    assert REQUIRED_COLUMNS <= set(table.columns)
+    assert len(table) == len(runs) and table["finite"].all()
+    curves = amp_train.loss_curves(list(runs.values()))
+    assert len(curves) == len(runs) * CFG.steps
+    assert list(curves.columns) == ["run", "step", "loss"]
+    traces = amp_train.scale_traces(list(runs.values()))
+    assert set(traces["run"]) == {runs["autocast_fp16"].run, runs["fp16_master_weights"].run}
+
+
+def test_scale_traces_find_halvings_and_growth():
+    r = RunResult("r", "api", "O1", "cuda", loss_scales=[4.0, 4.0, 2.0, 2.0, 4.0])
+    (row,) = amp_train.scale_traces([r]).to_dict(orient="records")
+    assert row["halved_at_steps"] == [2] and row["grown_at_steps"] == [4]
+    assert (row["scale_first_step"], row["scale_final"], row["scale_min"]) == (4.0, 4.0, 2.0)
+
+
+def test_run_result_statistics_and_round_trip():
+    r = RunResult("r", "api", "x", "cpu", losses=[4.0] * 10 + [1.0] * 10, step_ms=[1.0] * 20,
+                  warmup_steps=5)
+    assert r.initial_loss == 4.0 and r.final_loss == 1.0 and r.decreasing and r.finite
+    assert r.timing.median_ms == 1.0 and len(r.timing.samples_ms) == 15
+    assert RunResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    bad = RunResult("o3", "api", "O3", "cuda", losses=[3.0, 2.0, float("nan"), float("nan")])
+    assert not bad.finite and not bad.decreasing and bad.first_nonfinite_step == 2
+    assert math.isnan(bad.final_loss)
+    failed = RunResult("f", "api", "O1", "cuda", error="RuntimeError: boom")
+    assert not failed.ok and failed.status() == "FAILED: RuntimeError: boom"
+    assert math.isnan(failed.row()["step_ms"])
+
+
+@pytest.mark.parametrize("name", ["autocast_fp16", "fp16_master_weights"])
+def test_forced_overflow_skips_the_step_and_halves_the_scale(name, batches):
+    out = amp_checks.overflow_probe(amp_train.build_recipe(name, CFG, "cpu"), batches)
+    assert out["inf_injected"] and out["params_unchanged"] and out["next_step_updates"]
+    assert out["scale_halved"] and out["loss_scale_after"] == out["loss_scale_before"] / 2
+
+
+def test_overflow_probe_needs_a_scaler(batches):
+    with pytest.raises(ValueError, match="loss scaler"):
+        amp_checks.overflow_probe(amp_train.build_recipe("fp32", CFG, "cpu"), batches)
+
+
+def test_gradient_representability(batches):
+    rows = amp_checks.gradient_representability(CFG, batches[0], "cpu")
+    assert [(r["format"], r["loss_scale"]) for r in rows] == [
+        ("float16", 1.0), ("float16", 2.0**16), ("bfloat16", 1.0)]
+    for r in rows:
+        assert 0.0 <= r["underflow_pct"] <= 100.0 and 0.0 <= r["overflow_pct"] <= 100.0
+
+
+def test_op_output_dtypes_under_cpu_autocast():
+    plain = amp_checks.op_output_dtypes("cpu", torch.float32)
+    assert set(plain.values()) == {"float32"}
+    auto = amp_checks.op_output_dtypes(
+        "cpu", torch.bfloat16, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert auto["linear"] == "bfloat16" and auto["cross_entropy"] == "float32"
+
+
+def test_migration_map_covers_every_opt_level():
+    table = amp_migration.migration_table()
+    assert list(table["opt_level"]) == list(legacy_amp_run.OPT_LEVELS)
+    assert {"what_it_cast", "master_weights", "loss_scaling", "torch_amp_today"} <= set(table)
+    assert table.notna().all().all()
+
+
+def test_options_check_flags_a_mismatch():
+    reported = {e["opt_level"]: dict(e["options"]) for e in amp_migration.OPT_LEVELS}
+    assert all(r["matches"] for r in amp_migration.options_check(reported))
+    reported["O2"]["master_weights"] = False
+    bad = [r for r in amp_migration.options_check(reported) if not r["matches"]]
+    assert bad == [{"opt_level": "O2", "option": "master_weights", "map_says": True,
+                    "apex_set": False, "matches": False}]
+
+
+def test_bf16_table():
+    assert not amp_migration.bf16_native((7, 5)) and amp_migration.bf16_native((8, 0))
+    table = amp_migration.bf16_table()
+    assert table.iloc[-1]["generation"] == "this machine"
+    assert bool(table.iloc[-1]["bf16_native"]) == gpu.bf16_supported()
+
+
+def test_apex_amp_import_is_one_line():
+    text = amp_migration.apex_amp_import()
+    assert "\n" not in text and (text.startswith("ok") or "Error" in text)
+
+
+def test_child_dry_run_writes_the_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    assert legacy_amp_run.main(["--out", str(out), "--config", CFG.to_json(), "--levels",
+                                "O0,O1,O2,O3", "--overflow-levels", "O1", "--dry-run"]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["meta"]["dry_run"] and payload["meta"]["levels"] == ["O0", "O1", "O2", "O3"]
+    assert payload["meta"]["config"] == json.loads(CFG.to_json()) and payload["runs"] == []
+
+
+def test_child_refuses_unknown_levels(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        legacy_amp_run.main(["--out", str(tmp_path / "x.json"), "--levels", "O4"])
+    assert exc.value.code == 2
+
+
+def test_child_reports_legacy_levels_as_failed_without_a_gpu(tmp_path):
+    out = tmp_path / "cpu.json"
+    legacy_amp_run.main(["--out", str(out), "--config", CFG.to_json(), "--device", "cpu",
+                         "--levels", "O1,O3", "--overflow-levels", "O2"])
+    payload = json.loads(out.read_text())
+    runs = legacy_amp_run.runs_of(payload)
+    assert [r.opt_level_or_recipe for r in runs] == ["O1", "O3"]
+    assert all(not r.ok and "CUDA" in r.error and "\n" not in r.error for r in runs)
+    assert payload["overflow"][0]["error"] == payload["import_error"]
+
+
+def test_child_process_reproduces_the_in_process_fp32_run(tmp_path, runs):
+    payload = legacy_amp_run.launch(CFG, tmp_path / "child.json", torch_recipes=("fp32",),
+                                    timeout=300)
+    assert payload["error"] == "" and payload["returncode"] == 0, payload
+    (child,) = legacy_amp_run.runs_of(payload)
+    torch.testing.assert_close(torch.tensor(child.losses), torch.tensor(runs["fp32"].losses),
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_launch_turns_a_crash_into_one_line(tmp_path):
+    payload = legacy_amp_run.launch(CFG, tmp_path / "x.json", levels=("O9",), timeout=300)
+    assert payload["returncode"] == 2 and "O9" in payload["error"] and payload["runs"] == []
+
+
+def _legacy_source() -> Path | None:
+    for path in (gpu.legacy_amp_dir(), REPO / ".apex_src" / "legacy" / "apex"):
+        if (path / "apex" / "amp" / "frontend.py").is_file():
+            return path
+    return None
+
+
+@pytest.mark.skipif(_legacy_source() is None, reason="no legacy apex.amp source or install here")
+def test_legacy_import_hides_compiled_kernels_and_reset_is_clean():
+    legacy = _legacy_source()
+    code = ("import json; from helpers import legacy_amp_run as l; "
+            "info = l.import_legacy_amp(); info['restored'] = l.reset_amp(); "
+            "print(json.dumps(info))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(legacy), str(REPO)]),
+               **{legacy_amp_run.LEGACY_DIR_VAR: str(legacy)})
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["apex_path"].startswith(str(legacy.resolve()))
+    assert info["fused_kernels"] is False and info["restored"] is True
+
+
+# A stand-in for the legacy package with the same names the child touches (``amp.initialize``,
+# ``amp.scale_loss``, ``amp.master_params``, ``amp._amp_state`` with its options, loss scalers
+# and O1 handle, ``apex.amp.amp._DECORATOR_HANDLE``, ``multi_tensor_applier``). It runs on the
+# CPU, so the child's own code (run_level, overflow_level, reset_amp) is exercised here.
+FAKE_AMP = '''
+import contextlib
+import torch
+import torch.nn.functional as F
+from . import amp as _amp_module
+
+OPTIONS = {"O0": (torch.float32, False, 1.0), "O1": (None, True, "dynamic"),
+           "O2": (torch.float16, False, "dynamic"), "O3": (torch.float16, False, 1.0)}
+
+class _State:
+    pass
+
+_amp_state = _State()
+
+class _Scaler:
+    def __init__(self, scale):
+        self.dynamic = scale == "dynamic"
+        self._loss_scale = 2.0 ** 16 if self.dynamic else scale
+    def loss_scale(self):
+        return self._loss_scale
+
+class _Props:
+    def __init__(self, options):
+        self.options = options
+
+class _Handle:
+    def __init__(self):
+        self._all_wrappers = []
+
+def initialize(model, optimizer, opt_level="O1", verbosity=1):
+    cast, patch, scale = OPTIONS[opt_level]
+    _amp_state.opt_properties = _Props({"cast_model_type": cast, "patch_torch_functions": patch,
+                                        "master_weights": opt_level == "O2", "loss_scale": scale})
+    _amp_state.loss_scalers = [_Scaler(scale)]
+    if patch:
+        handle = _Handle()
+        original = F.linear
+        def linear(x, w, b=None):
+            return original(x.half(), w.half(), None if b is None else b.half())
+        handle._all_wrappers.append((F, "linear", original))
+        F.linear = linear
+        _amp_state.handle = handle
+        _amp_module._DECORATOR_HANDLE = handle
+    return model, optimizer
+
+def master_params(optimizer):
+    for group in optimizer.param_groups:
+        yield from group["params"]
+
+@contextlib.contextmanager
+def scale_loss(loss, optimizer):
+    scaler = _amp_state.loss_scalers[0]
+    scale = scaler.loss_scale()
+    yield loss.float() * scale
+    grads = [p.grad for p in master_params(optimizer) if p.grad is not None]
+    if scaler.dynamic and not all(bool(torch.isfinite(g).all()) for g in grads):
+        scaler._loss_scale = scale / 2
+        step = optimizer.step
+        def skip(closure=None):
+            optimizer.step = step
+        optimizer.step = skip
+    else:
+        for g in grads:
+            g.div_(scale)
+'''
+
+
+@pytest.fixture()
+def fake_apex(tmp_path):
+    pkg = tmp_path / "apex"
+    (pkg / "amp").mkdir(parents=True)
+    (pkg / "multi_tensor_apply").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "amp" / "__init__.py").write_text(FAKE_AMP)
+    (pkg / "amp" / "amp.py").write_text("_DECORATOR_HANDLE = None\n")
+    (pkg / "multi_tensor_apply" / "__init__.py").write_text(
+        "class _A:\n    available = False\nmulti_tensor_applier = _A()\n")
+    return tmp_path
+
+
+def test_child_runs_levels_and_overflow_with_a_stand_in_amp(fake_apex, tmp_path):
+    code = f"""
+import json, sys, torch
+from helpers import legacy_amp_run as l
+from helpers.amp_train import TrainConfig, make_batches
+assert "apex" not in sys.modules, "importing the runner must not import apex"
+cfg = TrainConfig.from_json({CFG.to_json()!r})
+info = l.import_legacy_amp()
+batches = make_batches(cfg, "cpu")
+out = {{"import": info, "levels": {{}}, "overflow": []}}
+for level in ("O0", "O1", "O3"):
+    result, meta = l.run_level(level, cfg, batches)
+    out["levels"][level] = {{"row": result.row(), "meta": meta}}
+out["overflow"].append(l.overflow_level("O1", cfg, batches))
+out["restored"] = l.reset_amp()
+print(json.dumps(out))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake_apex), str(REPO)]),
+               **{legacy_amp_run.LEGACY_DIR_VAR: str(fake_apex)})
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["import"]["fused_kernels"] is False and out["restored"] is True
+    o0, o1 = out["levels"]["O0"], out["levels"]["O1"]
+    assert o0["row"]["finite"] and o0["row"]["loss_scale_final"] == 1.0
+    assert o0["meta"]["options"]["cast_model_type"] == "float32"
+    assert o1["row"]["activation_dtype"] == "float16" and 0 < o1["row"]["loss_scale_final"] <= 2**16
+    assert o1["meta"]["patched_functions"] == 1 and o1["meta"]["restored"] is True
+    assert o1["meta"]["op_dtypes"]["linear"] == "float16"
+    assert out["levels"]["O3"]["row"]["error"] == ""
+    (overflow,) = out["overflow"]
+    assert overflow["scale_halved"] and overflow["params_unchanged"], overflow
+    assert overflow["next_step_updates"] and overflow["inf_injected"]
+
+
+def test_child_refuses_an_apex_from_elsewhere(fake_apex, tmp_path):
+    code = "from helpers import legacy_amp_run as l; l.import_legacy_amp()"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake_apex), str(REPO)]),
+               **{legacy_amp_run.LEGACY_DIR_VAR: str(tmp_path / "elsewhere")})
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "not from the legacy install" in proc.stderr
