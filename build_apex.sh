@@ -39,8 +39,8 @@ Options:
                   Python-only into \$APEX_WORKDIR/legacy-amp. It never shadows the main
                   Apex: use it only via PYTHONPATH of a child process, e.g.
                   PYTHONPATH=.apex/legacy-amp python -c 'from apex import amp'
-  --legacy-only   Only do the legacy install. Needs python, torch and pip, but no nvcc
-                  and no GPU (works on CPU-only machines).
+  --legacy-only   Only do the legacy install. Needs python, a CUDA build of torch and
+                  pip; no nvcc and no visible GPU (nothing is compiled).
 
 Environment:
   PYTHON               Python interpreter to build for (default: python3).
@@ -263,12 +263,18 @@ find_nvcc() {
     NVCC_VERSION="$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\),.*/\1/p' | head -n 1 || true)"
 }
 
+# (3) CPU-only torch. The legacy install compiles nothing, but its setup.py needs torch's
+# CUDA_HOME, which a CPU build of torch leaves unset - and apex.amp's O1-O3 need a GPU anyway.
+if ((!WANT_MAIN)) && [[ -z "$TORCH_CUDA" ]]; then
+    die 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda is None): the legacy" \
+        "apex.amp install needs a CUDA build of torch (its setup.py reads torch's CUDA_HOME and" \
+        "amp.initialize needs a GPU); run it on the GPU machine, e.g. \`make apex\` there."
+fi
 if ((WANT_MAIN)); then
-    # (3) CPU-only torch
     [[ -n "$TORCH_CUDA" ]] || die 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda" \
         "is None), but Apex's CUDA kernels need a CUDA build of torch; install one, e.g." \
         "\`conda env create -f environment.yml\` or \`$PYTHON -m pip install torch --index-url" \
-        "https://download.pytorch.org/whl/cu130\` (or use --legacy-only for the Python-only legacy amp)."
+        "https://download.pytorch.org/whl/cu130\`."
     TORCH_CUDA_MM="$(major_minor "$TORCH_CUDA")"
     # (4) nvcc
     find_nvcc

@@ -440,8 +440,8 @@ def test_apex_src_without_setup_py_is_refused(box: Sandbox) -> None:
 
 def test_legacy_only_needs_no_nvcc_gpu_or_ninja(box: Sandbox) -> None:
     del box.env["CUDA_HOME"]
-    box.probe.update(torch_version="2.11.0+cpu", torch_cuda="None", cuda_available="False",
-                     gpu_count="0", gpu_caps="", ninja="no", ninja_bin="")  # fmt: skip
+    box.probe.update(cuda_available="False", gpu_count="0", gpu_caps="", ninja="no",
+                     ninja_bin="")  # fmt: skip
     result = box.run("--legacy-only", "--dry-run")
     assert result.returncode == 0, result.stderr
     entries = plan(result)
@@ -450,6 +450,12 @@ def test_legacy_only_needs_no_nvcc_gpu_or_ninja(box: Sandbox) -> None:
     assert entries["nvcc"].startswith("not needed")
     assert "commit" not in entries and PINNED not in result.stdout  # no main build planned
     assert_untouched(box)
+
+
+def test_legacy_only_refuses_a_cpu_only_torch(box: Sandbox) -> None:
+    box.probe.update(torch_version="2.13.0+cpu", torch_cuda="None", cuda_available="False",
+                     gpu_count="0", gpu_caps="")  # fmt: skip
+    assert_preflight_error(box.run("--legacy-only", "--dry-run"), "needs a CUDA build of torch")
 
 
 def test_legacy_only_still_needs_torch_and_pip(box: Sandbox) -> None:
