@@ -8,15 +8,14 @@ the same categories add up the self time of the ATen operators, as the nearest e
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from helpers.fusion import quiet_stderr
 
 # Checked in order: the first pattern that matches a kernel (or operator) name decides.
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -69,21 +68,6 @@ def summarize(events, steps: int, on_cuda: bool) -> dict[str, float]:
     return row
 
 
-@contextlib.contextmanager
-def _quiet_stderr_fd() -> Iterator[None]:
-    """Hide what native code writes to file descriptor 2 (Kineto prints a line at every start
-    and stop of the profiler); Python exceptions still propagate."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def profile_steps(step: Callable[[], None], steps: int, device: torch.device) -> dict[str, float]:
     """Run one untraced step, then trace ``steps`` more and return :func:`summarize`'s row."""
     on_cuda = device.type == "cuda"
@@ -91,7 +75,7 @@ def profile_steps(step: Callable[[], None], steps: int, device: torch.device) ->
     step()
     if on_cuda:
         torch.cuda.synchronize(device)
-    with _quiet_stderr_fd(), profile(activities=activities) as prof:
+    with quiet_stderr(), profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()

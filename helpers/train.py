@@ -19,6 +19,7 @@ from torch import nn
 
 from helpers import bench, breakdown, gpu, roofline
 from helpers.corpus import BatchPlan, token_checksum
+from helpers.fusion import sync
 from helpers.gpt import GPT, GPTConfig, NormFactory
 
 
@@ -216,11 +217,6 @@ class PathRun:
                 f"wall {self.wall_s:.1f} s{extra}")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _build(path: TrainPath, exp: Experiment) -> nn.Module:
     with exp.device:
         model = GPT(exp.cfg, norm=norm_factory(path.norm), attention="sdpa")
@@ -259,14 +255,14 @@ def _train(path: TrainPath, exp: Experiment) -> PathRun:
         losses[i] = loss.detach()
         counter[0] = i + 1
 
-    _sync(dev)
+    sync(dev)
     start = time.perf_counter()
     step()  # the first step carries one-off costs: compilation, cuBLAS set-up, allocations
-    _sync(dev)
+    sync(dev)
     first = time.perf_counter() - start
     timing = bench.benchmark(step, label=path.key, warmup=max(0, hp.timing_warmup - 1),
                              repeats=hp.steps - hp.timing_warmup, flush=False, device=dev)
-    _sync(dev)
+    sync(dev)
     run = PathRun(path, timing=timing, wall_s=time.perf_counter() - start, first_step_s=first)
     if path.compile:
         run.compile_s = max(0.0, first - timing.median_ms / 1e3)
