@@ -56,7 +56,9 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
     paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     nb = nbformat.read(path, as_version=4)
-    processor = ExecutePreprocessor(timeout=timeout, kernel_name=kernel)
+    # The kernel's own log (e.g. its note on local TCP sockets) stays out of the run's output.
+    processor = ExecutePreprocessor(timeout=timeout, kernel_name=kernel,
+                                    extra_arguments=["--IPKernelApp.log_level=ERROR"])
     target = out_dir / path.name
     start = time.perf_counter()
     ok, error = True, ""

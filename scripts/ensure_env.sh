@@ -30,12 +30,13 @@ has_torch() { "$1" -c "import torch" >/dev/null 2>&1; }
 
 install_helpers() {  # editable install of the helpers package, when pip can do it offline
   local py=$1
-  if "$py" -c "import helpers, os, sys; sys.exit(0 if os.path.dirname(helpers.__path__[0]) == sys.argv[1] else 1)" \
-       "$root" >/dev/null 2>&1; then
+  # Run from / so the checkout in the working directory does not count as installed.
+  if (cd / && "$py" -c "import helpers, os, sys; sys.exit(0 if os.path.dirname(helpers.__path__[0]) == sys.argv[1] else 1)" \
+       "$root") >/dev/null 2>&1; then
     return 0
   fi
   say "installing the helpers package in editable mode"
-  "$py" -m pip install -q --no-deps --no-build-isolation -e "$root" >&2 \
+  "$py" -m pip install -q --no-deps --no-build-isolation -e "$root" >/dev/null 2>&1 \
     || say "could not install helpers with pip; the runner puts the repo on PYTHONPATH instead"
 }
 
