@@ -99,7 +99,7 @@ def needs(*, cuda: bool = False, bf16: bool = False, apex: tuple[str, ...] = (),
     """Return True when every requirement holds; otherwise print one line saying what the cell
     needs and how to get it, and return False. Use as ``if needs(cuda=True): ...``."""
     missing: list[str] = []
-    if (cuda or bf16 or apex) and not cuda_available():
+    if (cuda or bf16 or apex or legacy_amp) and not cuda_available():
         missing.append("a CUDA GPU")
     elif bf16 and not bf16_supported():
         missing.append("a GPU with bf16 (compute capability 8.0+)")
@@ -109,7 +109,7 @@ def needs(*, cuda: bool = False, bf16: bool = False, apex: tuple[str, ...] = (),
         if absent:
             what = "Apex" if not apex_importable() else "Apex's compiled extension(s)"
             missing.append(f"{what} {', '.join(absent)} - {BUILD_HINT}")
-    if legacy_amp and not legacy_amp_available():
+    if legacy_amp and cuda_available() and not legacy_amp_available():
         missing.append(f"the legacy apex.amp install in {legacy_amp_dir()} - "
                        "run ./build_apex.sh --legacy-only")
     if missing:

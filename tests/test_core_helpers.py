@@ -194,6 +194,12 @@ def test_needs_prints_one_line_and_returns_false(monkeypatch, capsys):
     assert out.count("\n") == 1 and out.startswith("Skipped:") and "CUDA GPU" in out
 
 
+def test_legacy_amp_on_cpu_asks_only_for_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.needs(legacy_amp=True) is False
+    assert capsys.readouterr().out == "Skipped: this cell needs a CUDA GPU.\n"
+
+
 def test_needs_names_missing_apex_extension(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu, "apex_extension_status", lambda: {"amp_C": False})
