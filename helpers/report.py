@@ -91,6 +91,8 @@ def readme_table(summary: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in summary["transformer_paths"]:
+        if row["step_ms"] is None:  # a path that was skipped on this machine
+            continue
         lines.append(
             f"| {row['label']} | {_fmt(row['step_ms'], '.1f')}"
             f" | {_fmt(row['tokens_per_s'], ',.0f')}"
