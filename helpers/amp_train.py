@@ -278,37 +278,6 @@ def dtype_name(dtype: torch.dtype | None) -> str:
     return str(dtype).replace("torch.", "") if dtype is not None else ""
 
 
-class StepTimer:
-    """Per-step times: CUDA events around each step on a GPU, ``perf_counter`` on the CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self._pairs: list = []
-        self._cpu: list[float] = []
-
-    @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Time the body as one step."""
-        if self.cuda:
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            yield
-            end.record()
-            self._pairs.append((start, end))
-        else:
-            import time
-            t0 = time.perf_counter()
-            yield
-            self._cpu.append((time.perf_counter() - t0) * 1e3)
-
-    def samples_ms(self) -> list[float]:
-        """All step times in milliseconds (synchronizes the GPU once)."""
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [s.elapsed_time(e) for s, e in self._pairs]
-        return list(self._cpu)
-
-
 @contextlib.contextmanager
 def peak_memory(device: torch.device) -> Iterator[dict]:
     """Yields a dict whose ``mib`` is set on exit to the peak GPU memory the body allocated
@@ -337,7 +306,7 @@ def train(built: Built, batches, result: RunResult, *, steps: int) -> RunResult:
         seen.setdefault("act", out.dtype)
 
     hook = first_linear(built.model).register_forward_hook(record_dtype)
-    timer = StepTimer(device)
+    timer = bench.StepTimer(device)
     try:
         for i in range(steps):
             x, y = batches[i % len(batches)]

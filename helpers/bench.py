@@ -8,9 +8,10 @@ uses ``time.perf_counter``. Results are medians with the inter-quartile range.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -159,6 +160,38 @@ def benchmark(
             samples.append((time.perf_counter() - t0) * 1e3)
     return Timing(label=label, samples_ms=samples, device=str(dev.type),
                   flushed_l2=do_flush, meta=dict(meta or {}))
+
+
+class StepTimer:
+    """Per-step times of a loop whose steps cannot be repeated (a training run changes the model
+    at every step): CUDA events around each step on a GPU, ``perf_counter`` on the CPU. The
+    device is synchronized once, when the samples are read."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._cpu: list[float] = []
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Time the body as one step."""
+        if self.cuda:
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            yield
+            end.record()
+            self._pairs.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._cpu.append((time.perf_counter() - t0) * 1e3)
+
+    def samples_ms(self) -> list[float]:
+        """All step times in milliseconds (synchronizes the GPU once)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [s.elapsed_time(e) for s, e in self._pairs]
+        return list(self._cpu)
 
 
 def table(timings: Iterable[Timing], baseline: str | None = None):

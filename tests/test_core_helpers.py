@@ -215,3 +215,12 @@ def test_legacy_dir_follows_env(monkeypatch, tmp_path):
     assert gpu.apex_build_info() is None
     (tmp_path / "installed.json").write_text(json.dumps({"commit": "abc"}))
     assert gpu.apex_build_info() == {"commit": "abc"}
+
+
+def test_step_timer_records_each_step_on_cpu():
+    timer = bench.StepTimer(torch.device("cpu"))
+    for delay in (0.0, 0.02):
+        with timer.step():
+            time.sleep(delay)
+    first, second = timer.samples_ms()
+    assert first < 5.0 and 19.0 <= second <= 60.0
