@@ -45,8 +45,11 @@ def _failing_cell(nb) -> tuple[int, str] | None:
 
 
 def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 900,
-            kernel: str = "python3") -> NotebookRun:
-    """Execute one notebook in its own folder; write ``out_dir/<name>`` whatever happens."""
+            notebook_timeout: float | None = None, kernel: str = "python3") -> NotebookRun:
+    """Execute one notebook in its own folder; write ``out_dir/<name>`` whatever happens.
+
+    ``timeout`` bounds each cell; ``notebook_timeout`` the whole notebook (the cell running when
+    it expires is interrupted and reported as the failing one)."""
     path = path.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = (out_dir / "results").resolve()
@@ -59,8 +62,12 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
     # The kernel's own log (e.g. its note on local TCP sockets) stays out of the run's output.
     processor = ExecutePreprocessor(timeout=timeout, kernel_name=kernel,
                                     extra_arguments=["--IPKernelApp.log_level=ERROR"])
-    target = out_dir / path.name
     start = time.perf_counter()
+    if notebook_timeout is not None:
+        deadline = start + notebook_timeout
+        processor.timeout_func = lambda _cell: max(
+            1, int(min(timeout, deadline - time.perf_counter())))
+    target = out_dir / path.name
     ok, error = True, ""
     try:
         processor.preprocess(nb, {"metadata": {"path": str(path.parent)}})
@@ -77,12 +84,13 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
 
 
 def run_all(paths: list[Path], out_dir: Path, *, profile: str = "auto",
-            timeout: int = 900) -> list[NotebookRun]:
+            timeout: int = 900, notebook_timeout: float | None = None) -> list[NotebookRun]:
     """Execute notebooks in order and print one line per notebook as it finishes."""
     runs = []
     for path in paths:
         print(f"running {path.name} (profile {profile}) ...", flush=True)
-        run = execute(path, out_dir, profile=profile, timeout=timeout)
+        run = execute(path, out_dir, profile=profile, timeout=timeout,
+                      notebook_timeout=notebook_timeout)
         status = "ok" if run.ok else f"FAILED - {run.error}"
         print(f"  {run.seconds:7.1f} s  {status}", flush=True)
         runs.append(run)
@@ -106,13 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=os.environ.get("COURSE_PROFILE", "auto"),
                         choices=["auto", "smoke", "full"])
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument("--notebook-timeout", type=float, default=None,
+                        help="seconds per notebook (default: no limit beyond the per-cell one)")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     missing = [p for p in paths if not p.exists()]
     if missing:
         print(f"runner: error: no such notebook: {', '.join(map(str, missing))}", file=sys.stderr)
         return 2
-    runs = run_all(paths, args.out, profile=args.profile, timeout=args.timeout)
+    runs = run_all(paths, args.out, profile=args.profile, timeout=args.timeout,
+                   notebook_timeout=args.notebook_timeout)
     print()
     print(summary(runs))
     print(f"\nexecuted notebooks and results: {args.out.resolve()}")

@@ -17,7 +17,7 @@ SMOKE_BUDGET_S = 120.0  # all five notebooks together, on CI's 2-core CPU machin
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    runs = runner.run_all(NOTEBOOKS, out, profile="smoke", timeout=300)
+    runs = runner.run_all(NOTEBOOKS, out, profile="smoke", timeout=300, notebook_timeout=120)
     print("\n" + runner.summary(runs))
     return out, {r.name: r for r in runs}
 

@@ -36,3 +36,13 @@ def test_runner_executes_and_reports_failures(tmp_path, capsys):
 def test_runner_rejects_missing_notebook(tmp_path, capsys):
     assert runner.main([str(tmp_path / "nope.ipynb"), "--out", str(tmp_path)]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+def test_notebook_timeout_stops_a_long_notebook(tmp_path, capsys):
+    slow = _notebook(tmp_path / "slow.ipynb", "import time", "time.sleep(2)", "time.sleep(30)",
+                     "print('never')")
+    code = runner.main([str(slow), "--out", str(tmp_path / "out"), "--notebook-timeout", "5"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "FAILED slow.ipynb" in err and "Timeout" in err, err
+    assert (tmp_path / "out" / "slow.ipynb").exists()
