@@ -26,8 +26,12 @@ test:  ## prepare the environment and run the test suite (unit tests, smoke note
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
 	@py=$$($(ENSURE)); $$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
 
-report:  ## on a CUDA machine: full-profile run into reports/<gpu-slug>/ with summary.json
-	@py=$$($(ENSURE)); $$py -m helpers.report
+report:  ## on a CUDA machine: build Apex if needed, then a full-profile run into reports/<gpu>/
+	@py=$$($(ENSURE)); \
+	$$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
+	PYTHON=$$py ./build_apex.sh --legacy-amp; \
+	$$py -m helpers.report
 
 lab:  ## open JupyterLab on the notebooks
 	@py=$$($(ENSURE)); \
