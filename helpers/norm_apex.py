@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from helpers import bench, fusion
+from helpers import fusion
 from helpers.norm_bench import EPS, Config, affine_params, load_affine, make_inputs, step_fn
 
 if TYPE_CHECKING:
@@ -59,8 +59,7 @@ def compile_demo(tokens: int, hidden: int, dtype: str, device: torch.device | st
             compile_s = time.perf_counter() - start
         fn = step_fn(module, x, dy, "forward+backward")
         counts = fusion.count_kernels(fn, x.device, match=APEX_KERNELS)
-        t = bench.benchmark(fn, warmup=warmup, repeats=repeats, device=x.device,
-                            setup=fusion.hold_gpu(x.device))
+        t, _ = fusion.gpu_time(fn, x.device, warmup=warmup, repeats=repeats)
         rows.append({"candidate": name, "kernels": counts["per_call"],
                      "apex_kernels": counts["matching_per_call"], "top": counts["top"],
                      "median_ms": t.median_ms, "compile_s": compile_s})

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import bench, fusion, roofline
+from helpers import fusion, roofline
 from helpers.progress import progress
 
 if TYPE_CHECKING:
@@ -254,14 +254,11 @@ def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, pass_: str):
 
 def time_entry(e: Entry, x: torch.Tensor, dy: torch.Tensor, pass_: str, copy_gbps: float, *,
                warmup: int, repeats: int) -> dict:
-    """One timing row: GPU-time medians and IQR (host overhead hidden by
-    :func:`fusion.hold_gpu`), bytes, GB/s, % of the copy ceiling, and ``call_ms``, the median of
-    an isolated call on an idle device (host overhead included; the same number on the CPU)."""
+    """One timing row: GPU-time medians and IQR (host overhead hidden, see
+    :func:`fusion.gpu_time`), bytes, GB/s, % of the copy ceiling, and ``call_ms``, the median of
+    back-to-back calls with the host's cost included (the same number on the CPU)."""
     fn = step_fn(e.module, x, dy, pass_)
-    t = bench.benchmark(fn, warmup=warmup, repeats=repeats, device=x.device,
-                        setup=fusion.hold_gpu(x.device))
-    call_ms = t.median_ms if x.device.type != "cuda" else bench.benchmark(
-        fn, warmup=warmup, repeats=repeats, device=x.device).median_ms
+    t, call_ms = fusion.gpu_time(fn, x.device, warmup=warmup, repeats=repeats)
     tokens, hidden = x.shape
     nbytes = norm_bytes(e.candidate.norm, tokens, hidden, e.cfg, pass_)
     gbps = roofline.bandwidth_gbps(nbytes, t.median_ms)

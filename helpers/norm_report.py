@@ -89,7 +89,8 @@ def sweep_reading(df) -> str:
 
 
 def overhead_reading(df, dtype: str, pass_: str = "forward+backward") -> str:
-    """Per candidate at one dtype: isolated-call time (host included) next to GPU time."""
+    """Per candidate at one dtype: ``call_ms`` (back-to-back calls, host included) next to the
+    GPU time."""
     rows = df[(df["dtype"] == dtype) & (df["pass"] == pass_)]
     parts = [f"{r.candidate} {r.call_ms:.3g} vs {r.median_ms:.3g} ms" for r in rows.itertuples()]
-    return f"{dtype} {pass_}, isolated call vs GPU time: " + "; ".join(parts)
+    return f"{dtype} {pass_}, call_ms (host included) vs GPU time: " + "; ".join(parts)

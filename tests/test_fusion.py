@@ -59,6 +59,13 @@ def test_hold_gpu_is_a_no_op_on_the_cpu():
     assert fusion.hold_gpu("cpu") is None
 
 
+def test_gpu_time_on_the_cpu_is_one_timing_used_twice():
+    calls = []
+    timing, call_ms = fusion.gpu_time(lambda: calls.append(1), "cpu", warmup=1, repeats=3)
+    assert len(calls) == 4  # warm-up and repeats once: no second, held measurement on the CPU
+    assert call_ms == timing.median_ms and len(timing.samples_ms) == 3
+
+
 def test_oom_exit_turns_oom_into_one_sentence():
     with pytest.raises(SystemExit, match="Out of GPU memory while testing"):
         with fusion.oom_exit("testing"):
