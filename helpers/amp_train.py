@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -278,6 +279,16 @@ def dtype_name(dtype: torch.dtype | None) -> str:
     return str(dtype).replace("torch.", "") if dtype is not None else ""
 
 
+def _warm_blas(device: torch.device) -> None:
+    """One small Linear forward and backward in fp32 and fp16: cuBLAS and cuBLASLt allocate
+    their workspaces (32 MiB each on Hopper) through PyTorch's allocator on first use and keep
+    them, so without this the first measured run would count them as its own memory."""
+    for dtype in (torch.float32, torch.float16):
+        w = torch.ones(16, 16, device=device, dtype=dtype, requires_grad=True)
+        x = torch.ones(16, 16, device=device, dtype=dtype)
+        F.linear(x, w, w[0].detach()).sum().backward()
+
+
 @contextlib.contextmanager
 def peak_memory(device: torch.device) -> Iterator[dict]:
     """Yields a dict whose ``mib`` is set on exit to the peak GPU memory the body allocated
@@ -286,6 +297,10 @@ def peak_memory(device: torch.device) -> Iterator[dict]:
     if device.type != "cuda":
         yield out
         return
+    # A previous run may still hold memory in reference cycles (legacy amp binds methods to its
+    # optimizer): freed only when the cyclic collector runs, possibly in the middle of this run.
+    gc.collect()
+    _warm_blas(device)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

@@ -111,6 +111,12 @@ def verdict(table: pd.DataFrame) -> str:
         helps = "helps" if ratio < 0.97 else "does not help"
         lines.append(f"Path 2 (Apex) is {word}: on this GPU Apex {helps} over PyTorch's own "
                      "fused AdamW and LayerNorm.")
+        diff = abs(by.loc["2", "step_ms"] - by.loc["3", "step_ms"])
+        iqrs = [float(by.loc[k, "step_ms_iqr"]) for k in ("2", "3")] if "step_ms_iqr" in by else []
+        if iqrs and not 0.97 <= ratio <= 1.03 and diff < max(iqrs):
+            lines.append(f"Caution: the step-time IQRs ({iqrs[0]:.2f} and {iqrs[1]:.2f} ms) are "
+                         f"as wide as the difference ({diff:.2f} ms); a re-run may order the two "
+                         "paths differently.")
     else:
         lines.append("Apex and native could not both run here, so there is no Apex verdict.")
     return "\n".join(lines)

@@ -145,3 +145,11 @@ def test_verdict_follows_the_numbers():
     assert "Apex helps" in trainreport.verdict(_fake_table(30.0, 40.0))
     assert "level with native" in trainreport.verdict(_fake_table(40.5, 40.0))
     assert "fastest path was 2" in trainreport.verdict(_fake_table(30.0, 40.0))
+
+
+def test_verdict_warns_when_the_iqrs_swallow_the_difference():
+    table = _fake_table(48.0, 42.0)
+    table["step_ms_iqr"] = [1.0, 9.0, 8.0]
+    assert "Caution" in trainreport.verdict(table)
+    table["step_ms_iqr"] = [1.0, 0.5, 0.5]
+    assert "Caution" not in trainreport.verdict(table)
