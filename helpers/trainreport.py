@@ -170,4 +170,19 @@ def targets(table: pd.DataFrame, applies: bool = True) -> str:
         lines.append(f"path 2 within 10% of path 3: {mark(r <= 1.10)} (step-time ratio {r:.3f})")
     else:
         lines.append("path 2 within 10% of path 3: not measured here")
+    spread = val_loss_spread(table)
+    if math.isnan(spread):
+        lines.append("validation losses within 2%: not measured here")
+    else:
+        lines.append(f"validation losses within 2% of each other: {mark(spread <= 0.02)} "
+                     f"(spread {spread:.2%})")
     return "\n".join(lines)
+
+
+def val_loss_spread(table: pd.DataFrame) -> float:
+    """(largest / smallest final validation loss) - 1 over the paths that ran; NaN under two."""
+    losses = table.loc[table["status"] == "ran", "final_val_loss"] if "final_val_loss" in table \
+        else pd.Series(dtype=float)
+    if len(losses) < 2:
+        return math.nan
+    return float(losses.max() / losses.min() - 1)

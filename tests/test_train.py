@@ -153,3 +153,20 @@ def test_verdict_warns_when_the_iqrs_swallow_the_difference():
     assert "Caution" in trainreport.verdict(table)
     table["step_ms_iqr"] = [1.0, 0.5, 0.5]
     assert "Caution" not in trainreport.verdict(table)
+
+
+def test_targets_mark_each_goal_from_the_numbers():
+    table = pd.DataFrame([
+        {"path": "1", "status": "ran", "mfu": 0.05, "step_ms": 500.0, "final_val_loss": 2.00},
+        {"path": "2", "status": "ran", "mfu": 0.40, "step_ms": 90.0, "final_val_loss": 2.03},
+        {"path": "3", "status": "ran", "mfu": 0.46, "step_ms": 80.0, "final_val_loss": 2.01},
+    ])
+    table["speedup_vs_fp32"] = 500.0 / table["step_ms"]
+    lines = trainreport.targets(table).splitlines()
+    assert lines[0].startswith("fastest path >= 45% MFU: met (best 46.0%)")
+    assert "path 2 >= 5x path 1: met (5.56x)" in lines[1]
+    assert "path 2 within 10% of path 3: MISSED (step-time ratio 1.125)" in lines[2]
+    assert lines[3].endswith("met (spread 1.50%)")
+    table.loc[1, "final_val_loss"] = 2.10
+    assert trainreport.targets(table).splitlines()[3].endswith("MISSED (spread 5.00%)")
+    assert "not evaluated" in trainreport.targets(table, applies=False)
