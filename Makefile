@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 ENSURE := bash scripts/ensure_env.sh
+ENSURE_RUN := bash scripts/ensure_env.sh --for=run
 OUT ?= build/run
 PROFILE ?= auto
 
@@ -11,7 +12,7 @@ help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
 
 run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execute all notebooks
-	@py=$$($(ENSURE)); \
+	@py=$$($(ENSURE_RUN)); \
 	if $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)" 2>/dev/null \
 	   && { command -v nvcc >/dev/null || [ -x "$${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; }; then \
 	  PYTHON=$$py ./build_apex.sh --legacy-amp; \
@@ -24,10 +25,10 @@ test:  ## prepare the environment and run the test suite (unit tests, smoke note
 	@py=$$($(ENSURE)); $$py -m pytest -q
 
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
-	@py=$$($(ENSURE)); $$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
+	@py=$$($(ENSURE_RUN)); $$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
 
 report:  ## on a CUDA machine: build Apex if needed, then a full-profile run into reports/<gpu>/
-	@py=$$($(ENSURE)); \
+	@py=$$($(ENSURE_RUN)); \
 	$$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
 	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
@@ -39,7 +40,7 @@ lab:  ## open JupyterLab on the notebooks
 	cd notebooks && $$py -m jupyterlab
 
 apex:  ## build Apex with its CUDA/C++ extensions and the legacy apex.amp install
-	@py=$$($(ENSURE)); PYTHON=$$py ./build_apex.sh --legacy-amp
+	@py=$$($(ENSURE_RUN)); PYTHON=$$py ./build_apex.sh --legacy-amp
 
 clean:  ## remove build products (executed notebooks, local results)
 	rm -rf build results

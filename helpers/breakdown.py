@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from helpers.fusion import quiet_stderr
+from helpers.fusion import quiet_profiler
 
 # Checked in order: the first pattern that matches a kernel (or operator) name decides.
 CATEGORIES: tuple[tuple[str, str], ...] = (
@@ -75,7 +75,7 @@ def profile_steps(step: Callable[[], None], steps: int, device: torch.device) ->
     step()
     if on_cuda:
         torch.cuda.synchronize(device)
-    with quiet_stderr(), profile(activities=activities) as prof:
+    with quiet_profiler(), profile(activities=activities) as prof:
         start = time.perf_counter()
         for _ in range(steps):
             step()

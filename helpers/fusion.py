@@ -86,6 +86,15 @@ def quiet_stderr() -> Iterator[None]:
         os.close(devnull)
 
 
+@contextlib.contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """:func:`quiet_stderr` plus torch's Python notice that the profiler clears its events per
+    cycle, which says nothing about the code being profiled."""
+    with warnings.catch_warnings(), quiet_stderr():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        yield
+
+
 def _is_top_level_op(event) -> bool:
     parent = event.cpu_parent
     return event.name.startswith("aten::") and (
@@ -106,9 +115,7 @@ def count_kernels(fn: Callable[[], object], device: torch.device | str, *,
     fn()
     sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with warnings.catch_warnings(), quiet_stderr():
-        # torch's Python-level notice about clearing events per cycle says nothing about us
-        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+    with quiet_profiler():
         with profile(activities=activities) as prof:
             for _ in range(calls):
                 fn()

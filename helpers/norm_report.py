@@ -94,3 +94,20 @@ def overhead_reading(df, dtype: str, pass_: str = "forward+backward") -> str:
     rows = df[(df["dtype"] == dtype) & (df["pass"] == pass_)]
     parts = [f"{r.candidate} {r.call_ms:.3g} vs {r.median_ms:.3g} ms" for r in rows.itertuples()]
     return f"{dtype} {pass_}, call_ms (host included) vs GPU time: " + "; ".join(parts)
+
+
+def rounding_reading(correctness) -> str:
+    """Per norm and half-precision dtype: Apex's output error next to torch's, from the table."""
+    y = correctness[(correctness["tensor"] == "y") & ~correctness["dtype"].isin(["fp32"])]
+    lines = []
+    for (norm, dtype), group in y.groupby(["norm", "dtype"], sort=False):
+        apex = group[group["candidate"].str.startswith("apex")]
+        native = group[group["candidate"].str.startswith("torch ")]
+        if apex.empty or native.empty:
+            continue
+        a, t = apex["max_rel_err"].max(), native["max_rel_err"].max()
+        ratio = f"{a / t:.1f}x" if t > 0 else "n/a (torch exact)"
+        lines.append(f"{norm} {dtype}: output error Apex {a:.1e}, torch {t:.1e} ({ratio})")
+    if not lines:
+        return "No Apex norm ran here, so there is no rounding comparison."
+    return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -106,6 +107,10 @@ def skip_reason(path: TrainPath, device: torch.device) -> str | None:
 
 def norm_factory(kind: str) -> NormFactory:
     """The norm class of a path."""
+    if kind.startswith("apex"):
+        # Apex's autocast helper still calls torch.cuda.amp's deprecated _cast; the FutureWarning
+        # it prints on every run is about Apex's source, not about this course's code.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"apex\._autocast_utils")
     if kind == "apex":
         from apex.normalization import FusedLayerNorm
 

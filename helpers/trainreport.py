@@ -186,3 +186,54 @@ def val_loss_spread(table: pd.DataFrame) -> float:
     if len(losses) < 2:
         return math.nan
     return float(losses.max() / losses.min() - 1)
+
+
+def _rate(tflops: float) -> str:
+    return f"{tflops:.0f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
+
+
+def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg, tokens_per_step: int,
+               peak_tflops: float, matmul_ceiling_tflops: float | None = None) -> str:
+    """What holds the fastest profiled path's MFU down, from its kernel-time breakdown.
+
+    FLOPs counted as in :func:`mfu`: the parameter matmuls 6 N per token (N = non-embedding
+    parameters plus the tied head's d x V) and attention 6 L d T per token. Everything else the
+    step runs (norms, element-wise, optimizer, copies) does no counted FLOPs, so its time is
+    time the tensor cores are idle.
+    """
+    ran = table[table["status"] == "ran"]
+    profiled = ran[ran["path"].isin(set(breakdown["path"]))] if not breakdown.empty else ran[:0]
+    if profiled.empty:
+        return "No path was profiled, so what limits MFU is not measured here."
+    fastest = profiled.loc[profiled["step_ms"].idxmin()]
+    row = breakdown.set_index("path").loc[fastest["path"]]
+    attention_per_token = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    matmul_flops = (flops_per_token(cfg) - attention_per_token) * tokens_per_step
+    attention_flops = attention_per_token * tokens_per_step
+    step_ms = float(row["step_ms"])
+    mm_ms, att_ms = float(row["matmul_ms"]), float(row["attention_ms"])
+    rest_ms = step_ms - mm_ms - att_ms
+    lines = [f"What limits path {fastest['path']} ({fastest['label']}, {fastest['mfu']:.1%} MFU), "
+             f"per step of {step_ms:.1f} ms:"]
+    if mm_ms > 0:
+        rate = matmul_flops / (mm_ms * 1e-3) / 1e12
+        ceiling = (f", {rate / matmul_ceiling_tflops:.0%} of the measured bf16 matmul ceiling"
+                   if matmul_ceiling_tflops else "")
+        lines.append(f"- parameter matmuls: {mm_ms:.1f} ms ({mm_ms / step_ms:.0%} of the step) at "
+                     f"{_rate(rate)}{ceiling}, {rate / peak_tflops:.0%} of the "
+                     f"{_rate(peak_tflops)} peak")
+    if att_ms > 0:
+        rate = attention_flops / (att_ms * 1e-3) / 1e12
+        lines.append(f"- attention: {att_ms:.1f} ms ({att_ms / step_ms:.0%}) at {_rate(rate)}")
+    others = {k: float(row[f"{k}_ms"]) for k in NAMES if k not in ("matmul", "attention")}
+    top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1]))
+    what = ("kernels that do no counted FLOPs, or an idle GPU" if row.get("device") == "cuda"
+            else "operators that do no counted FLOPs, or time outside operators")
+    lines.append(f"- everything else: {rest_ms:.1f} ms ({rest_ms / step_ms:.0%}) of {what} "
+                 f"(ms: {top}; gap {float(row['gap_ms']):.1f})")
+    if mm_ms + att_ms > 0:
+        bound = (matmul_flops + attention_flops) / ((mm_ms + att_ms) * 1e-3) / 1e12 / peak_tflops
+        lines.append(f"Even if everything else took no time, this path would reach {bound:.0%} "
+                     "MFU; the rest of the distance to the peak is the matmul and attention "
+                     "kernels' own.")
+    return "\n".join(lines)

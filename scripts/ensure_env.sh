@@ -16,8 +16,14 @@ venv="$root/.venv"
 say() { printf 'env: %s\n' "$*" >&2; }
 die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 
-# Modules the notebooks, the runner and the tests import.
-needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel pytest ruff yaml"
+# Modules the notebooks and the runner import; the tests need three more. `--for run` checks only
+# the first set, so an offline GPU node with those packages runs the notebooks without pip.
+needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel"
+case "${1:-}" in
+  --for=run) ;;
+  ""|--for=test) needed="$needed pytest ruff yaml" ;;
+  *) die "unknown argument '$1' (use --for=run or --for=test)" ;;
+esac
 
 missing_modules() {
   "$1" - "$needed" <<'PY'

@@ -321,3 +321,44 @@ def test_summary_is_computed_from_the_table():
     text = apexcheck.summary(detect(full_install(**{"apex.optimizers": module(
         "o", FusedAdam=WrongAdam)}), run_smoke=True))
     assert "5 of 6 features available" in text and "1 broken (FusedAdam)" in text
+
+
+class ApexRoundingLayerNorm(FakeLayerNorm):
+    """Apex's arithmetic for half parameters: x_hat rounded to the parameters' dtype, then the
+    weight product and the bias sum each rounded in that dtype (layer_norm_cuda_kernel.cu)."""
+
+    def forward(self, x):
+        x_hat = F.layer_norm(x.float(), x.shape[-1:], None, None, self.eps)
+        return self.weight * x_hat.to(self.weight.dtype) + self.bias
+
+
+class WrongEpsLayerNorm(ApexRoundingLayerNorm):
+    def forward(self, x):
+        x_hat = F.layer_norm(x.float(), x.shape[-1:], None, None, 1.0)
+        return self.weight * x_hat.to(self.weight.dtype) + self.bias
+
+
+def norms_with_mixed_layer_norm(cls) -> dict:
+    return {"apex.normalization": module(
+        "n", FusedLayerNorm=FakeLayerNorm, FusedRMSNorm=FakeRMSNorm,
+        MixedFusedLayerNorm=cls, MixedFusedRMSNorm=FakeRMSNorm)}
+
+
+def test_half_precision_affine_rounding_is_not_called_broken():
+    # On the H200 the real MixedFusedLayerNorm differs from float64 by 1.1e-2 of (1 + |out|)
+    # where w*x_hat and the bias nearly cancel; judged against their magnitudes it is within
+    # four bf16 unit roundoffs. Emulated here, it must pass, and a wrong eps must not.
+    good = verdicts(detect(full_install(**norms_with_mixed_layer_norm(ApexRoundingLayerNorm)),
+                           run_smoke=True))
+    assert good["MixedFusedLayerNorm"] == AVAILABLE, good
+    bad = verdicts(detect(full_install(**norms_with_mixed_layer_norm(WrongEpsLayerNorm)),
+                          run_smoke=True))
+    assert bad["MixedFusedLayerNorm"].startswith("broken: wrong result"), bad
+
+
+def test_check_close_judges_cancelling_sums_against_their_terms():
+    expected = torch.tensor([0.0], dtype=torch.float64)
+    apexcheck._check_close(torch.tensor([0.05]), expected, "sum", 1e-2,
+                           scale=torch.tensor([8.0]))  # 0.05 <= 1e-2 * (1 + 8)
+    with pytest.raises(apexcheck.WrongResult, match="sum differs"):
+        apexcheck._check_close(torch.tensor([0.05]), expected, "sum", 1e-2)

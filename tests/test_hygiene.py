@@ -120,3 +120,33 @@ def test_ci_runs_the_readme_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^make test$", ci, re.M)
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def _python_without_test_tools(tmp_path: Path) -> Path:
+    """A stand-in python: every module importable except the test tools, and pip offline."""
+    shim = tmp_path / "python-shim"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1" = "-" ]; then cat >/dev/null\n'  # the missing-modules probe reads stdin
+        '  for m in $2; do case $m in pytest|ruff|yaml) printf "%s " "$m";; esac; done; echo\n'
+        '  exit 0; fi\n'
+        'if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then echo "no network" >&2; exit 1; fi\n'
+        "exit 0\n")
+    shim.chmod(0o755)
+    return shim
+
+
+@pytest.mark.parametrize(("args", "ok"), [(["--for=run"], True), ([], False),
+                                          (["--for=test"], False), (["--for=bogus"], False)])
+def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
+    shim = _python_without_test_tools(tmp_path)
+    proc = subprocess.run(["bash", "scripts/ensure_env.sh", *args], cwd=ROOT, text=True,
+                          capture_output=True, env={"PATH": "/usr/bin:/bin",
+                                                    "COURSE_PYTHON": str(shim)})
+    assert (proc.returncode == 0) == ok, proc.stderr
+    if ok:
+        assert proc.stdout.strip() == str(shim)
+    elif args == ["--for=bogus"]:
+        assert "unknown argument" in proc.stderr
+    else:
+        assert "missing modules: pytest ruff yaml" in proc.stderr

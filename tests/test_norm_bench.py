@@ -125,3 +125,23 @@ def test_hidden_sweep_and_timings_produce_the_saved_columns():
                    "pct_of_copy_ceiling"):
         assert column in table.columns
     assert set(table["pass"]) == {"forward", "forward+backward"}
+
+
+def test_rounding_reading_compares_apex_with_torch_per_dtype():
+    import pandas as pd
+
+    from helpers import norm_report
+    table = pd.DataFrame([
+        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "torch LayerNorm", "tensor": "y",
+         "max_rel_err": 2e-3},
+        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "apex FusedLayerNorm", "tensor": "y",
+         "max_rel_err": 6e-3},
+        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "apex FusedLayerNorm", "tensor": "dx",
+         "max_rel_err": 9e-1},
+        {"norm": "LayerNorm", "dtype": "fp32", "candidate": "apex FusedLayerNorm", "tensor": "y",
+         "max_rel_err": 1e-7},
+    ])
+    assert norm_report.rounding_reading(table) == \
+        "LayerNorm bf16: output error Apex 6.0e-03, torch 2.0e-03 (3.0x)"
+    torch_only = table[table["candidate"].str.startswith("torch")]
+    assert "no rounding comparison" in norm_report.rounding_reading(torch_only)

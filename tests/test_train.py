@@ -170,3 +170,25 @@ def test_targets_mark_each_goal_from_the_numbers():
     table.loc[1, "final_val_loss"] = 2.10
     assert trainreport.targets(table).splitlines()[3].endswith("MISSED (spread 5.00%)")
     assert "not evaluated" in trainreport.targets(table, applies=False)
+
+
+def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
+    cfg = gpt.GPT2_SMALL
+    tokens = 32768
+    fpt = gpt.flops_per_token(cfg)
+    att = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    table = pd.DataFrame([
+        {"path": "3", "label": "native", "status": "ran", "step_ms": 60.0, "mfu": 0.3},
+        {"path": "4", "label": "compiled", "status": "ran", "step_ms": 50.0, "mfu": 0.38},
+    ])
+    # matmuls take 25 ms, attention 5 ms: rates follow from the counted FLOPs
+    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
+    row.update({f"{k}_ms": 4.0 for k in breakdown.NAMES if k not in ("matmul", "attention")})
+    row.update(matmul_ms=25.0, attention_ms=5.0)
+    text = trainreport.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
+    mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
+    assert f"at {mm_rate:.0f} TFLOP/s, {mm_rate / 780:.0%} of the measured" in text
+    assert "path 4 (compiled" in text and "20.0 ms (40%)" in text and "idle GPU" in text
+    bound = fpt * tokens / 30e-3 / 1e12 / 989
+    assert f"would reach {bound:.0%} MFU" in text
+    assert "not measured" in trainreport.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
