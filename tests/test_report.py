@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from helpers import report, runner
 
@@ -74,3 +75,27 @@ def test_readme_headline_matches_the_reference_summary():
         return
     assert section is not None, "reports/h200 exists: the README needs its headline table"
     assert report.readme_table(json.loads(reference.read_text())) in section
+
+
+def test_readme_figures_beside_the_table_come_from_the_summary():
+    reference = ROOT / "reports" / "h200" / "summary.json"
+    if not reference.exists():
+        pytest.skip("no reference run committed")
+    summary = json.loads(reference.read_text())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    opt = {r["candidate"]: r for r in summary["optimizer_step"]}
+    for name in ("for-loop", "foreach", "fused", "apex FusedAdam"):
+        assert f"{opt[name]['median_ms']:.2f} ms" in readme, name
+    for name in ("fused", "apex FusedAdam"):
+        assert f"({opt[name]['pct_of_copy_ceiling']:.0f}%" in readme, name
+    for row in summary["norms"]:
+        if row["dtype"] == "bf16" and row["pass"] == "forward+backward":
+            assert f"{row['median_ms']:.3f} ms" in readme, row["candidate"]
+    assert f"{sum(summary['notebook_seconds'].values()):.0f} s of execution" in readme
+    paths = {r["path"]: r for r in summary["transformer_paths"]}
+    ratio = paths["2"]["step_ms"] / paths["3"]["step_ms"]
+    fastest = min(paths.values(), key=lambda r: r["step_ms"])
+    if 0.97 <= ratio <= 1.03 and fastest["path"] == "4":
+        assert "level with PyTorch's own" in readme and "faster than both" in readme
+    else:
+        pytest.fail("the README's verdict sentence no longer matches reports/h200/summary.json")
