@@ -253,6 +253,8 @@ class RunResult:
             "run": self.run, "api": self.api, "opt_level_or_recipe": self.opt_level_or_recipe,
             "step_ms": t.median_ms if t else float("nan"),
             "step_iqr_ms": t.iqr_ms if t else float("nan"),
+            "step_q1_ms": t.q1_ms if t else float("nan"),
+            "step_q3_ms": t.q3_ms if t else float("nan"),
             "final_loss": self.final_loss if self.ok else float("nan"),
             "param_dtype": self.param_dtype, "master_dtype": self.master_dtype,
             "activation_dtype": self.activation_dtype,
@@ -353,8 +355,8 @@ def run_recipe(name: str, cfg: TrainConfig, batches, *, run: str | None = None) 
     return result
 
 
-OOM_MESSAGE = ("out of GPU memory at these sizes: lower TrainConfig's batch or hidden "
-               "(or free the GPU) and run again")
+OOM_MESSAGE = ("out of GPU memory at these sizes: give TrainConfig a smaller batch or hidden "
+               "in section 3 (or free the GPU) and run again")
 
 
 def runs_table(results: list[RunResult]):
@@ -362,6 +364,17 @@ def runs_table(results: list[RunResult]):
     import pandas as pd
 
     return pd.DataFrame([r.row() for r in results])
+
+
+def step_times(results: list[RunResult]):
+    """Median and quartiles of the step time per run (warm-up steps left out), in the columns
+    :func:`helpers.fusion.compare_rows` and :func:`helpers.fusion.fastest_text` read: run,
+    median_ms, q1_ms, q3_ms. Runs without step times are left out."""
+    import pandas as pd
+
+    rows = [{"run": r.run, "median_ms": t.median_ms, "q1_ms": t.q1_ms, "q3_ms": t.q3_ms}
+            for r in results if (t := r.timing) is not None]
+    return pd.DataFrame(rows, columns=["run", "median_ms", "q1_ms", "q3_ms"])
 
 
 def loss_curves(results: list[RunResult]):

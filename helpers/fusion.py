@@ -66,6 +66,34 @@ def fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> st
     return str(rows.loc[rows["median_ms"].idxmin(), key])
 
 
+def tied_with_fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> list[str]:
+    """The rows that cannot be told apart from the fastest (:func:`is_tie`), fastest first.
+
+    IQRs are used when the table has ``q1_ms``/``q3_ms`` columns, else medians alone.
+    """
+    rows = df if among is None else df[df[key].isin(among)]
+    if rows.empty:
+        raise ValueError("no rows to choose from")
+    rows = rows.sort_values("median_ms")
+    best = rows.iloc[0]
+    has_iqr = {"q1_ms", "q3_ms"} <= set(rows.columns)
+
+    def iqr(r):
+        return (float(r.q1_ms), float(r.q3_ms)) if has_iqr else None
+
+    return [str(r[key]) for _, r in rows.iterrows()
+            if r[key] == best[key] or is_tie(float(best.median_ms), float(r.median_ms),
+                                            a_iqr=iqr(best), b_iqr=iqr(r))]
+
+
+def fastest_text(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
+    """'X' when one row is clearly fastest, else 'X (indistinguishable from Y, Z)'."""
+    names = tied_with_fastest(df, key=key, among=among)
+    if len(names) == 1:
+        return names[0]
+    return f"{names[0]} (indistinguishable from {', '.join(names[1:])})"
+
+
 def sync(device: torch.device) -> None:
     """Wait for the GPU (no-op on the CPU)."""
     if device.type == "cuda":

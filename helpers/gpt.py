@@ -172,6 +172,13 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def score_matrix_bytes(cfg: GPTConfig, batch: int, bytes_per_element: int = 4) -> int:
+    """Size of one layer's attention score matrix, batch x heads x T x T, as written-out
+    attention (:func:`manual_attention`) materialises it; the flash and memory-efficient kernels
+    behind :func:`sdpa_attention` work through it in tiles and never hold it whole."""
+    return batch * cfg.n_head * cfg.seq_len * cfg.seq_len * bytes_per_element
+
+
 def flops_per_token(cfg: GPTConfig, *, include_head: bool = True) -> int:
     """Training FLOPs per token: 6 N + 6 L d T.
 

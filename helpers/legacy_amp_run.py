@@ -19,6 +19,7 @@ import argparse
 import importlib.abc
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from helpers import amp_checks, amp_train
+from helpers import amp_checks, amp_train, gpu
 from helpers.amp_train import Built, RunResult, TrainConfig
 from helpers.results import atomic_write_text
 
@@ -96,6 +97,31 @@ def reset_amp() -> bool:
     return all(_originals()[k] is v for k, v in ORIGINALS.items())
 
 
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to the end of its first sentence (a '.', '!' or '?' followed by a space or
+    the end); the whole text when there is none."""
+    match = re.match(r"(.+?[.!?])(?=\s|$)", text.strip())
+    return match.group(1) if match else text.strip()
+
+
+def unavailable(device_is_cuda: bool | None = None) -> str:
+    """What the legacy runs need and this machine lacks, as one phrase ('' when they can run).
+    Prints nothing (unlike ``gpu.needs``)."""
+    if device_is_cuda is None:
+        device_is_cuda = gpu.cuda_available()
+    if not device_is_cuda:
+        return "a CUDA GPU"
+    if not gpu.legacy_amp_available():
+        return (f"the legacy apex.amp install in {gpu.legacy_amp_dir()} "
+                "(run ./build_apex.sh --legacy-only)")
+    return ""
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -160,7 +186,7 @@ def run_level(opt_level: str, cfg: TrainConfig, batches) -> tuple[RunResult, dic
             result.error = _one_line(exc)
         finally:
             info["restored"] = reset_amp()
-    info["warnings"] = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}"
+    info["warnings"] = sorted({f"{w.category.__name__}: {_first_line(str(w.message))[:500]}"
                                for w in caught})
     return result, info
 

@@ -4,13 +4,20 @@ and the dtype combinations each class accepts. GPU and Apex's ``fused_layer_norm
 from __future__ import annotations
 
 import inspect
-import time
 from typing import TYPE_CHECKING
 
 import torch
 
-from helpers import fusion
-from helpers.norm_bench import EPS, Config, affine_params, load_affine, make_inputs, step_fn
+from helpers import fusion, gpu
+from helpers.norm_bench import (
+    EPS,
+    Config,
+    affine_params,
+    compile_and_time,
+    load_affine,
+    make_inputs,
+    step_fn,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,6 +25,17 @@ if TYPE_CHECKING:
 # Kernel names in Apex's csrc/layer_norm_cuda_kernel.cu.
 APEX_KERNELS = ("cuApplyLayerNorm", "cuApplyRMSNorm", "cuComputeGradInput",
                 "cuComputePartGradGammaBeta", "cuComputeGradGammaBeta", "cuComputeGradGamma")
+
+
+def unavailable() -> str:
+    """What the Apex norms need and this machine lacks, as one phrase ('' when they can run).
+    Prints nothing: the notebook says it once and reuses the answer."""
+    if not gpu.cuda_available():
+        return "a CUDA GPU"
+    if not gpu.apex_extension_status().get("fused_layer_norm_cuda", False):
+        what = "Apex" if not gpu.apex_importable() else "Apex's compiled extension"
+        return f"{what} fused_layer_norm_cuda ({gpu.BUILD_HINT})"
+    return ""
 
 
 def fallback_source(lines: int = 9) -> str:
@@ -35,7 +53,8 @@ def fallback_source(lines: int = 9) -> str:
 def compile_demo(tokens: int, hidden: int, dtype: str, device: torch.device | str, *,
                  warmup: int, repeats: int) -> pd.DataFrame:
     """FusedRMSNorm eager and compiled next to torch's RMSNorm compiled: kernels per
-    forward+backward, how many are Apex's, and the median time."""
+    forward+backward, how many are Apex's, and the median time. Raises
+    :class:`helpers.norm_bench.CompileFailed` (one line) when torch.compile fails."""
     import pandas as pd
     from apex.normalization import FusedRMSNorm
 
@@ -52,11 +71,7 @@ def compile_demo(tokens: int, hidden: int, dtype: str, device: torch.device | st
                              affine_params("RMSNorm", hidden))
         compile_s = float("nan")
         if "compile" in name:
-            module = torch.compile(module, dynamic=False)
-            start = time.perf_counter()
-            step_fn(module, x, dy, "forward+backward")()
-            fusion.sync(x.device)
-            compile_s = time.perf_counter() - start
+            module, compile_s = compile_and_time(module, x, dy)  # CompileFailed: one line
         fn = step_fn(module, x, dy, "forward+backward")
         counts = fusion.count_kernels(fn, x.device, match=APEX_KERNELS)
         t, _ = fusion.gpu_time(fn, x.device, warmup=warmup, repeats=repeats)

@@ -97,7 +97,8 @@ class Candidate:
                 "apex-mixed": f"apex MixedFused{self.norm}"}[self.kind]
 
     def applies(self, cfg: Config) -> bool:
-        """Mixed configs: native and apex-mixed only; plain configs: all but apex-mixed."""
+        """Mixed configs: native (eager ``F.*_norm`` plus a cast) and apex-mixed only, so no
+        torch.compile candidate competes there; plain configs: all but apex-mixed."""
         return self.kind == "native" or (self.kind == "apex-mixed") == cfg.mixed
 
     def build(self, hidden: int, cfg: Config, device: torch.device | str) -> nn.Module:
@@ -180,6 +181,44 @@ def check(got: torch.Tensor, ref: torch.Tensor) -> dict:
             "rtol": rtol, "atol_x_max": atol, "ok": ok}
 
 
+# What to do when torch.compile fails (no C compiler for Inductor, a broken Triton, ...).
+COMPILE_FIX = ("set compile_native = False in the parameters cell, or make torch.compile work "
+               "(Inductor needs a working C compiler and Triton)")
+
+
+class CompileFailed(RuntimeError):
+    """torch.compile (or the first call that compiles) failed; the message is one line."""
+
+
+def one_line_cause(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` as 'Type: first line' (Dynamo wraps the real error)."""
+    seen = {id(exc)}
+    while True:
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None or id(inner) in seen:
+            break
+        seen.add(id(inner))
+        exc = inner
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def compile_and_time(module: nn.Module, x: torch.Tensor,
+                     dy: torch.Tensor) -> tuple[nn.Module, float]:
+    """``torch.compile(module, dynamic=False)`` and the seconds its first forward+backward takes
+    (that is when Inductor compiles); any failure becomes a one-line :class:`CompileFailed`."""
+    try:
+        compiled = torch.compile(module, dynamic=False)
+        start = time.perf_counter()
+        outputs(compiled, x, dy)
+        fusion.sync(x.device)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise CompileFailed(f"torch.compile failed ({one_line_cause(exc)})") from None
+    return compiled, time.perf_counter() - start
+
+
 @dataclass
 class Entry:
     """A built (and, if asked, compiled) module for one norm, config and candidate."""
@@ -191,23 +230,29 @@ class Entry:
 
 
 def build_suite(cands: list[Candidate], configs: list[Config], tokens: int, hidden: int,
-                device: torch.device | str) -> tuple[list[Entry], dict]:
-    """Every applicable (candidate, config) module with shared parameters, and the inputs per
-    config. Compiled modules are compiled here (first forward+backward, timed as compile_s)."""
+                device: torch.device | str) -> tuple[list[Entry], dict, str]:
+    """Every applicable (candidate, config) module with shared parameters, the inputs per
+    config, and ``compile_error``. Compiled modules are compiled here (first forward+backward,
+    timed as compile_s). If torch.compile fails, every compiled candidate is left out and
+    ``compile_error`` says why in one line (empty when nothing failed)."""
     inputs = {cfg.label: make_inputs(tokens, hidden, cfg, device) for cfg in configs}
-    entries = []
+    entries, compile_error = [], ""
     for cfg in configs:
         for cand in (c for c in cands if c.applies(cfg)):
+            if cand.kind == "compiled" and compile_error:
+                continue
             module = load_affine(cand.build(hidden, cfg, device), affine_params(cand.norm, hidden))
             entry = Entry(cand, cfg, module)
             if cand.kind == "compiled":
-                entry.module = torch.compile(module, dynamic=False)
-                start = time.perf_counter()
-                outputs(entry.module, *inputs[cfg.label])
-                fusion.sync(torch.device(device))
-                entry.compile_s = time.perf_counter() - start
+                try:
+                    entry.module, entry.compile_s = compile_and_time(module, *inputs[cfg.label])
+                except CompileFailed as exc:
+                    compile_error = f"{exc}: compiled candidates left out; {COMPILE_FIX}"
+                    continue
             entries.append(entry)
-    return entries, inputs
+    if compile_error:  # all or none: a table where some dtypes lack the compiled rows misleads
+        entries = [e for e in entries if e.candidate.kind != "compiled"]
+    return entries, inputs, compile_error
 
 
 def affine_of(module: nn.Module) -> list[torch.Tensor]:

@@ -43,8 +43,19 @@ def sweep(df, copy_gbps: float):
     return fig
 
 
+def eager_only_note(df, dtype: str) -> str:
+    """' (eager torch only: ...)' for a mixed dtype when the table has torch.compile rows
+    elsewhere (:meth:`helpers.norm_bench.Candidate.applies` runs no compiled candidate on mixed
+    dtypes), else ''."""
+    compiled = df["candidate"].str.startswith("torch.compile").any()
+    if "->" not in dtype or not compiled:
+        return ""
+    return " (vs eager torch only: torch.compile is not run on mixed dtypes)"
+
+
 def verdicts(df) -> str:
-    """Per norm, dtype and pass: the fastest candidate, and Apex against native and compiled."""
+    """Per norm, dtype and pass: the fastest candidate (with any indistinguishable from it),
+    and Apex against native and compiled."""
     lines = []
     for (norm, dtype, pass_), group in df.groupby(["norm", "dtype", "pass"], sort=False):
         names = list(group["candidate"])
@@ -54,11 +65,28 @@ def verdicts(df) -> str:
             lines.append(f"{norm} {dtype} {pass_}: only {names[0]} measured "
                          f"({float(group['median_ms'].iloc[0]):.3g} ms).")
             continue
-        parts = [f"fastest {fusion.fastest(group)}"]
+        parts = [f"fastest {fusion.fastest_text(group)}{eager_only_note(df, dtype)}"]
         parts += [fusion.compare_rows(group, a, o) for a in apex for o in others]
         if not apex and len(others) > 1:
             parts += [fusion.compare_rows(group, others[1], others[0])]
         lines.append(f"{norm} {dtype} {pass_}: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+def fastest_summary(df, pass_: str = "forward+backward") -> str:
+    """Per norm and dtype at one pass: the fastest candidate (and any indistinguishable from
+    it, :func:`helpers.fusion.fastest_text`), its median time, GB/s and share of the copy
+    ceiling."""
+    lines = []
+    for (norm, dtype), group in df[df["pass"] == pass_].groupby(["norm", "dtype"], sort=False):
+        tied = fusion.tied_with_fastest(group)
+        best = group[group["candidate"] == tied[0]].iloc[0]
+        what = (f"only {best.candidate} measured" if len(group) == 1
+                else f"fastest {fusion.fastest_text(group)}{eager_only_note(df, dtype)}")
+        whose = f"; {best.candidate}" if len(tied) > 1 else ""  # the numbers are the first's
+        lines.append(f"{norm} {dtype} {pass_}: {what}{whose}: {best.median_ms:.3g} ms, "
+                     f"{best.gbps:.4g} GB/s ({best.pct_of_copy_ceiling:.0f}% of the copy "
+                     "ceiling)")
     return "\n".join(lines)
 
 

@@ -46,6 +46,15 @@ def adamw_bytes_per_param(param_bytes: int = 4, grad_bytes: int = 4,
     return {"read": read, "write": write, "total": read + write}
 
 
+def step_bytes_per_param(name: str, param_dtype: torch.dtype = torch.float32) -> int:
+    """Minimum bytes one step of candidate ``name`` moves per parameter of ``param_dtype``: the
+    gradient has the parameter's dtype; torch's AdamW keeps its moments in that dtype too, Apex's
+    FusedAdam always in fp32 (28 B for every candidate in fp32; 14 and 22 B in bf16)."""
+    size = torch.empty((), dtype=param_dtype).element_size()
+    state = 4 if name == APEX else size
+    return adamw_bytes_per_param(size, size, state)["total"]
+
+
 def build_model(hidden: int, blocks: int, device: torch.device | str = "cpu",
                 seed: int = 0) -> nn.Sequential:
     """A stack of Transformer-shaped blocks (LayerNorm, QKV, projection, LayerNorm, MLP):
@@ -182,8 +191,9 @@ class Workload:
 
 
 def workload(params: list[torch.Tensor], seed: int = 1) -> Workload:
-    """A :class:`Workload` over ``params`` with seeded gradients."""
-    return Workload(params, make_grads([p.shape for p in params], seed, params[0].device))
+    """A :class:`Workload` over ``params`` with seeded gradients of the parameters' dtype."""
+    return Workload(params, make_grads([p.shape for p in params], seed, params[0].device,
+                                       params[0].dtype))
 
 
 def time_step(work: Workload, name: str, *, warmup: int, repeats: int,
@@ -197,19 +207,24 @@ def time_step(work: Workload, name: str, *, warmup: int, repeats: int,
                            device=work.params[0].device)
 
 
-def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float) -> pd.DataFrame:
-    """The 02_optimizer_step table: medians, IQR, speed-ups and bandwidth per candidate."""
+def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float,
+               param_dtype: torch.dtype = torch.float32) -> pd.DataFrame:
+    """The 02_optimizer_step table: medians, IQR, speed-ups and bandwidth per candidate.
+
+    Bandwidth counts each candidate's minimum bytes for parameters of ``param_dtype``
+    (:func:`step_bytes_per_param`), whatever the implementation actually moves."""
     import pandas as pd
 
-    nbytes = numel * adamw_bytes_per_param()["total"]
     df = pd.DataFrame([t.as_row() for t in timings]).rename(columns={"label": "candidate"})
-    df["gbps"] = [roofline.bandwidth_gbps(nbytes, ms) for ms in df["median_ms"]]
+    df["bytes_per_param"] = [step_bytes_per_param(name, param_dtype) for name in df["candidate"]]
+    df["bytes_per_step"] = numel * df["bytes_per_param"]
+    df["gbps"] = [roofline.bandwidth_gbps(nbytes, ms)
+                  for nbytes, ms in zip(df["bytes_per_step"], df["median_ms"], strict=True)]
     df["pct_of_copy_ceiling"] = [roofline.pct_of(g, copy_gbps) for g in df["gbps"]]
     for base in (FOREACH, FORLOOP):
         ref = df.loc[df["candidate"] == base, "median_ms"]
         df[f"speedup_vs_{base.replace('-', '')}"] = (float(ref.iloc[0]) / df["median_ms"]
                                                      if not ref.empty else math.nan)
-    df["bytes_per_step"] = nbytes
     cols = ["candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps", "pct_of_copy_ceiling",
             "speedup_vs_foreach", "speedup_vs_forloop"]
     return df[cols + [c for c in df.columns if c not in cols]]
@@ -218,8 +233,10 @@ def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float) -> pd.
 def verdict(df) -> str:
     """Sentences saying, from the measured table, who won and by how much."""
     names = list(df["candidate"])
-    best = fusion.fastest(df)
-    lines = [f"Fastest on this run: {best} ({LABELS.get(best, best)})."]
+    tied = fusion.tied_with_fastest(df)
+    best = (f"{tied[0]} ({LABELS.get(tied[0], tied[0])})" if len(tied) == 1
+            else fusion.fastest_text(df))
+    lines = [f"Fastest on this run: {best}."]
     if APEX in names:
         for other in (FUSED, FOREACH):
             if other in names:

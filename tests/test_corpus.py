@@ -61,4 +61,23 @@ def test_batch_targets_are_next_bytes(small):
 def test_checksum_is_order_sensitive():
     x = torch.arange(12).view(3, 4)
     assert corpus.token_checksum(x) != corpus.token_checksum(x.flip(0))
-    assert corpus.token_checksum(x) == corpus.token_checksum(x.clone())
+    # token k weighted by k + 1: sum of k (k + 1) for k < 12 = 506 + 66, worked by hand
+    assert int(corpus.token_checksum(x)) == 572
+    swapped = x.clone()
+    swapped[1, 2], swapped[1, 3] = x[1, 3], x[1, 2]  # two neighbouring tokens trade places
+    assert corpus.token_checksum(swapped) != corpus.token_checksum(x)
+
+
+def test_run_checksum_sees_two_batches_swapped(small):
+    plan = corpus.BatchPlan.draw(small.train, steps=4, batch=2, seq_len=16, seed=0)
+    batches = [plan.batch(i)[0] for i in range(plan.steps)]
+    swapped = [batches[0], batches[2], batches[1], batches[3]]
+
+    def run_total(xs):
+        return sum(int(corpus.step_checksum(x, i)) for i, x in enumerate(xs))
+
+    assert run_total(batches) != run_total(swapped)
+    # a plain sum of batch checksums, as before, cannot tell the two orders apart
+    assert sum(int(corpus.token_checksum(x)) for x in batches) == \
+        sum(int(corpus.token_checksum(x)) for x in swapped)
+    assert corpus.step_checksum(batches[1], 2).dtype == torch.int64

@@ -70,3 +70,19 @@ def test_oom_exit_turns_oom_into_one_sentence():
     with pytest.raises(SystemExit, match="Out of GPU memory while testing"):
         with fusion.oom_exit("testing"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_fastest_text_names_the_rows_tied_with_the_winner():
+    import pandas as pd
+
+    df = pd.DataFrame([
+        {"candidate": "a", "median_ms": 1.00, "q1_ms": 0.99, "q3_ms": 1.01},
+        {"candidate": "b", "median_ms": 1.02, "q1_ms": 1.00, "q3_ms": 1.30},  # within 3%
+        {"candidate": "c", "median_ms": 1.20, "q1_ms": 1.005, "q3_ms": 1.4},  # IQRs overlap
+        {"candidate": "d", "median_ms": 2.00, "q1_ms": 1.90, "q3_ms": 2.10},
+    ])
+    assert fusion.tied_with_fastest(df) == ["a", "b", "c"]
+    assert fusion.fastest_text(df) == "a (indistinguishable from b, c)"
+    assert fusion.fastest_text(df, among=["a", "d"]) == "a"
+    assert fusion.fastest_text(df.drop(columns=["q1_ms", "q3_ms"])) == \
+        "a (indistinguishable from b)"

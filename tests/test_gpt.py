@@ -82,6 +82,12 @@ def test_gpt2_small_counts_and_flops():
     assert gpt.flops_per_token(cfg, include_head=False) == 6 * 85_056_000 + 56_623_104
 
 
+def test_score_matrix_size():
+    # 32 x 12 x 1024 x 1024 float32 values: 1.61 GB per layer at GPT-2 small's shape
+    assert gpt.score_matrix_bytes(gpt.GPT2_SMALL, 32) == 1_610_612_736
+    assert gpt.score_matrix_bytes(_tiny(), 3, bytes_per_element=2) == 3 * 4 * 16 * 16 * 2
+
+
 def test_gpt2_init_scales():
     torch.manual_seed(0)
     cfg = gpt.GPTConfig(n_layer=8, d_model=256, n_head=4, seq_len=32)

@@ -73,7 +73,8 @@ def test_check_uses_the_dtype_tolerance():
 def test_native_candidates_pass_correctness_on_cpu():
     cands = norm_bench.candidates(compiled=False, apex=False)
     configs = norm_bench.configs_for("cpu", bf16=True, mixed=False)
-    entries, inputs = norm_bench.build_suite(cands, configs, 32, 64, "cpu")
+    entries, inputs, compile_error = norm_bench.build_suite(cands, configs, 32, 64, "cpu")
+    assert compile_error == ""
     table = norm_bench.correctness(entries, inputs)
     assert len(table) == 2 * (4 + 3)  # two dtypes; LayerNorm 4 tensors, RMSNorm 3
     assert table["ok"].all(), table[~table["ok"]]
@@ -119,12 +120,52 @@ def test_hidden_sweep_and_timings_produce_the_saved_columns():
     cfg = norm_bench.Config("fp32", "fp32")
     sweep = norm_bench.hidden_sweep(cands, cfg, 16, [32, 64], "cpu", 10.0, warmup=0, repeats=2)
     assert len(sweep) == 2 * 2 * 2  # hiddens x norms x passes
-    entries, inputs = norm_bench.build_suite(cands, [cfg], 16, 32, "cpu")
+    entries, inputs, _ = norm_bench.build_suite(cands, [cfg], 16, 32, "cpu")
     table = norm_bench.timings(entries, inputs, 10.0, warmup=0, repeats=2)
     for column in ("norm", "candidate", "dtype", "pass", "median_ms", "q1_ms", "q3_ms", "gbps",
                    "pct_of_copy_ceiling"):
         assert column in table.columns
     assert set(table["pass"]) == {"forward", "forward+backward"}
+    for t in (table, sweep):  # GB/s is the bytes counted over the median time, 1e9 B/s
+        expected = t["bytes"] / (t["median_ms"] * 1e-3) / 1e9
+        assert (t["gbps"] - expected).abs().max() <= 1e-9 * expected.max()
+        assert ((t["pct_of_copy_ceiling"] - 100 * t["gbps"] / 10.0).abs() < 1e-6).all()
+    assert (table["bytes"] == [norm_bench.norm_bytes(r.norm, 16, 32, cfg, r["pass"])
+                               for _, r in table.iterrows()]).all()
+
+
+def test_a_failing_compile_drops_the_compiled_candidates_with_one_line(monkeypatch):
+    def broken_compile(*args, **kwargs):
+        try:
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore lines")
+        except RuntimeError as inner:
+            raise ValueError("backend='inductor' raised:\n(long traceback)") from inner
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    cands = norm_bench.candidates(compiled=True, apex=False)
+    cfgs = [norm_bench.Config("fp32", "fp32"), norm_bench.Config("bf16", "bf16")]
+    entries, _, error = norm_bench.build_suite(cands, cfgs, 8, 32, "cpu")
+    assert {e.candidate.kind for e in entries} == {"native"} and len(entries) == 4
+    assert "\n" not in error and "No working C++ compiler" in error
+    assert "compile_native = False" in error
+
+
+def test_verdicts_and_summary_name_ties_and_mixed_dtypes():
+    text = norm_report.verdicts(_rows(1.0, 1.01))  # within fusion.TIE_FRACTION
+    assert "fastest apex FusedLayerNorm (indistinguishable from torch LayerNorm)" in text
+    rows = []
+    for dtype, cands in (("bf16", (("torch.compile LayerNorm", 1.0), ("torch LayerNorm", 2.0))),
+                         ("fp32->bf16", (("apex MixedFusedLayerNorm", 1.0),
+                                         ("torch LayerNorm", 2.0)))):
+        for name, ms in cands:
+            rows.append({"norm": "LayerNorm", "dtype": dtype, "pass": "forward+backward",
+                         "candidate": name, "median_ms": ms, "q1_ms": ms * 0.99,
+                         "q3_ms": ms * 1.01, "gbps": 100 / ms, "pct_of_copy_ceiling": 10 / ms})
+    summary = norm_report.fastest_summary(pd.DataFrame(rows)).splitlines()
+    assert summary[0] == ("LayerNorm bf16 forward+backward: fastest torch.compile LayerNorm: "
+                          "1 ms, 100 GB/s (10% of the copy ceiling)")
+    assert summary[1].startswith("LayerNorm fp32->bf16 forward+backward: fastest apex "
+                                 "MixedFusedLayerNorm (vs eager torch only")
 
 
 def test_rounding_reading_compares_apex_with_torch_per_dtype():

@@ -1,5 +1,8 @@
 """Notebook 02's helpers: bytes per parameter, the model, candidates and the verdict text."""
 
+import sys
+import types
+
 import pandas as pd
 import pytest
 import torch
@@ -37,14 +40,53 @@ def test_grads_are_reproducible_from_the_seed():
     assert not torch.equal(a[0], c[0])
 
 
-def test_every_candidate_sets_the_same_hyper_parameters():
+# No value equals a default of torch's AdamW or Apex's FusedAdam, so a candidate that drops one
+# of them is caught.
+ODD_HPARAMS = {"lr": 0.05, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.3}
+
+
+def test_course_hyper_parameters_reach_every_native_candidate():
     params = [torch.nn.Parameter(torch.zeros(3))]
     for name in optim_bench.native_candidates("cpu"):
         group = optim_bench.make_optimizer(name, params).param_groups[0]
-        assert group["weight_decay"] == optim_bench.HPARAMS["weight_decay"] == 0.01
-        assert group["lr"] == optim_bench.HPARAMS["lr"]
-        assert tuple(group["betas"]) == optim_bench.HPARAMS["betas"]
-        assert group["eps"] == optim_bench.HPARAMS["eps"]
+        for key, value in optim_bench.HPARAMS.items():
+            assert group[key] == pytest.approx(value), (name, key)
+
+
+def test_every_native_candidate_takes_the_given_hyper_parameters():
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    for name in optim_bench.native_candidates("cpu"):
+        group = optim_bench.make_optimizer(name, params, hparams=ODD_HPARAMS).param_groups[0]
+        assert group["lr"] == 0.05 and group["eps"] == 1e-6, name
+        assert tuple(group["betas"]) == (0.8, 0.95) and group["weight_decay"] == 0.3, name
+    groups = [optim_bench.make_optimizer(n, params, hparams=ODD_HPARAMS).param_groups[0]
+              for n in optim_bench.native_candidates("cpu")]
+    assert [g["foreach"] for g in groups[:2]] == [False, True]
+
+
+def test_apex_candidate_passes_every_hyper_parameter(monkeypatch):
+    calls = []
+
+    class FakeFusedAdam:
+        def __init__(self, params, **kwargs):
+            calls.append((list(params), kwargs))
+
+    apex = types.ModuleType("apex")
+    apex_optimizers = types.ModuleType("apex.optimizers")
+    apex_optimizers.FusedAdam = FakeFusedAdam
+    apex.optimizers = apex_optimizers
+    monkeypatch.setitem(sys.modules, "apex", apex)
+    monkeypatch.setitem(sys.modules, "apex.optimizers", apex_optimizers)
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    optimizer = optim_bench.make_optimizer(optim_bench.APEX, params, hparams=ODD_HPARAMS)
+    assert isinstance(optimizer, FakeFusedAdam)
+    (got_params, kwargs), = calls
+    assert got_params == params
+    # adam_w_mode=True: decoupled weight decay, as AdamW; FusedAdam's default would be 0.0
+    assert kwargs == {"adam_w_mode": True, **ODD_HPARAMS}
+    calls.clear()
+    optim_bench.make_optimizer(optim_bench.APEX, params)
+    assert calls[0][1] == {"adam_w_mode": True, **optim_bench.HPARAMS}
 
 
 def test_unknown_candidate_is_refused():
@@ -104,6 +146,37 @@ def test_verdict_flips_when_the_numbers_flip():
     assert "apex FusedAdam (2 ms) is 2.00x slower than fused" in optim_bench.verdict(table(2, 1))
     assert optim_bench.verdict(table(1, 2)).startswith("Fastest on this run: apex FusedAdam")
     assert optim_bench.verdict(table(2, 1)).startswith("Fastest on this run: fused")
+
+
+def test_verdict_names_no_single_winner_in_a_tie():
+    table = optim_bench.step_table([_timing("foreach", 5.0), _timing("fused", 2.0),
+                                    _timing("apex FusedAdam", 2.02)], 1000, 1.0)
+    first = optim_bench.verdict(table).splitlines()[0]
+    assert first == "Fastest on this run: fused (indistinguishable from apex FusedAdam)."
+    assert "indistinguishable" in optim_bench.verdict(table).splitlines()[1]
+
+
+def test_step_table_counts_bytes_from_the_parameter_dtype():
+    timings = [_timing("fused", 1.0), _timing("apex FusedAdam", 1.0)]
+    fp32 = optim_bench.step_table(timings, 1000, 1.0).set_index("candidate")
+    assert list(fp32["bytes_per_param"]) == [28, 28]
+    bf16 = optim_bench.step_table(timings, 1000, 1.0, param_dtype=torch.bfloat16)
+    bf16 = bf16.set_index("candidate")
+    # torch keeps bf16 moments (7 x 2 B); Apex fp32 moments (p, g: 2 x 2 B read, p: 2 B written)
+    assert bf16.loc["fused", "bytes_per_param"] == 14
+    assert bf16.loc["apex FusedAdam", "bytes_per_param"] == 22
+    assert bf16.loc["apex FusedAdam", "bytes_per_step"] == 22_000
+    assert bf16.loc["fused", "gbps"] == pytest.approx(14_000 / 1e-3 / 1e9)
+
+
+def test_workload_gradients_follow_the_parameter_dtype():
+    model = optim_bench.build_model(hidden=16, blocks=1).to(torch.bfloat16)
+    work = optim_bench.workload(list(model.parameters()))
+    assert {g.dtype for g in work.grads} == {torch.bfloat16}
+    params, optimizer = work.prepared(optim_bench.FORLOOP)
+    before = params[1].detach().clone()
+    optimizer.step()
+    assert not torch.equal(before, params[1].detach())
 
 
 def test_kernel_counts_fall_with_fusion_on_cpu():
