@@ -6,16 +6,20 @@ Apex the other notebooks use, so this module runs as its own process, started by
 with the legacy folder first on ``PYTHONPATH``:
 
     python -m helpers.legacy_amp_run --out result.json [--config JSON] [--levels O0,O1,O2,O3]
-        [--overflow-levels O1,O2] [--torch-recipes fp32] [--dry-run] [--allow-compiled]
+        [--o3-eps 1e-4,1e-3] [--overflow-levels O1,O2] [--torch-recipes fp32] [--dry-run]
+        [--allow-compiled]
 
-Each opt level runs in a try block: a level that fails is reported with its one-line error and
-the others still run. The child also runs any ``--torch-recipes`` through the same code as the
-notebook, so a reader can check that the child reproduces the in-process numbers.
+``--o3-eps`` runs O3 again once per Adam eps given (pure fp16 keeps Adam's state in fp16, where
+the default eps of 1e-8 rounds to 0). Each opt level runs in a try block: a level that fails is
+reported with its one-line error and the others still run. The child also runs any
+``--torch-recipes`` through the same code as the notebook, so a reader can check that the
+child reproduces the in-process numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.abc
 import json
 import os
@@ -161,14 +165,22 @@ def import_legacy_amp(allow_compiled: bool = False) -> dict:
 
 
 # ------------------------------------------------------------------ one level, one probe
-def run_level(opt_level: str, cfg: TrainConfig, batches) -> tuple[RunResult, dict]:
-    """Train one opt level; returns its result and what apex reported (options, warnings)."""
+def o3_label(eps: float) -> str:
+    """The name of an O3 run with Adam's eps raised to ``eps``, e.g. 'O3 eps=0.001'."""
+    return f"O3 eps={eps:g}"
+
+
+def run_level(opt_level: str, cfg: TrainConfig, batches, label: str | None = None
+              ) -> tuple[RunResult, dict]:
+    """Train one opt level; returns its result and what apex reported (options, warnings).
+    ``label`` names the run when it differs from the opt level (an O3 with another eps)."""
     from apex import amp
 
     device = batches[0][0].device
-    result = RunResult(f"apex.amp {opt_level}", "apex.amp (legacy)", opt_level, device.type,
+    label = label or opt_level
+    result = RunResult(f"apex.amp {label}", "apex.amp (legacy)", label, device.type,
                        warmup_steps=cfg.warmup_steps)
-    info: dict = {"opt_level": opt_level}
+    info: dict = {"opt_level": opt_level, "adam_eps": cfg.adam_eps}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -211,6 +223,13 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _eps_list(text: str) -> list[float]:
+    values = [float(t) for t in _csv(text)]
+    if not all(0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every eps must be between 0 and 1, got {text}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of the child process."""
     parser = argparse.ArgumentParser(prog="python -m helpers.legacy_amp_run",
@@ -218,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     parser.add_argument("--config", default=TrainConfig().to_json(), help="TrainConfig as JSON")
     parser.add_argument("--levels", type=_csv, default=[], help="e.g. O0,O1,O2,O3")
+    parser.add_argument("--o3-eps", type=_eps_list, default=[],
+                        help="run O3 again with each of these Adam eps, e.g. 1e-4,1e-3")
     parser.add_argument("--overflow-levels", type=_csv, default=[], help="e.g. O1,O2")
     parser.add_argument("--torch-recipes", type=_csv, default=[], help="e.g. fp32")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -234,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict = {
         "meta": {"python": sys.version.split()[0], "torch": torch.__version__,
                  "device": device.type, "config": json.loads(cfg.to_json()),
-                 "levels": args.levels, "overflow_levels": args.overflow_levels,
+                 "levels": args.levels, "o3_eps": args.o3_eps,
+                 "overflow_levels": args.overflow_levels,
                  "torch_recipes": args.torch_recipes, "dry_run": args.dry_run,
                  "pid": os.getpid()},
         "runs": [], "overflow": [], "levels": {}, "import_error": "",
@@ -245,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.torch_recipes:  # before amp patches anything
             payload["runs"].append(amp_train.run_recipe(
                 name, cfg, batches, run=f"torch.amp {name} (child)").to_dict())
-        if args.levels or args.overflow_levels:
+        legacy = [(lvl, cfg, lvl) for lvl in args.levels]
+        legacy += [("O3", dataclasses.replace(cfg, adam_eps=e), o3_label(e)) for e in args.o3_eps]
+        if legacy or args.overflow_levels:
             try:
                 if device.type != "cuda":
                     raise RuntimeError("apex.amp needs a CUDA GPU (amp.initialize checks the "
@@ -253,15 +277,15 @@ def main(argv: list[str] | None = None) -> int:
                 payload["meta"].update(import_legacy_amp(args.allow_compiled))
             except Exception as exc:
                 payload["import_error"] = _one_line(exc)
-            for level in args.levels:
+            for level, level_cfg, label in legacy:
                 if payload["import_error"]:
-                    result = RunResult(f"apex.amp {level}", "apex.amp (legacy)", level,
+                    result = RunResult(f"apex.amp {label}", "apex.amp (legacy)", label,
                                        device.type, error=payload["import_error"])
                     payload["runs"].append(result.to_dict())
                     continue
-                result, info = run_level(level, cfg, batches)
+                result, info = run_level(level, level_cfg, batches, label)
                 payload["runs"].append(result.to_dict())
-                payload["levels"][level] = info
+                payload["levels"][label] = info
             for level in args.overflow_levels:
                 payload["overflow"].append(
                     {"run": f"apex.amp {level}", "error": payload["import_error"]}
@@ -273,14 +297,15 @@ def main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------ the parent's side
 def launch(cfg: TrainConfig, out: Path | str, *, levels: tuple[str, ...] = (),
-           overflow_levels: tuple[str, ...] = (), torch_recipes: tuple[str, ...] = (),
+           o3_eps: tuple[float, ...] = (), overflow_levels: tuple[str, ...] = (),
+           torch_recipes: tuple[str, ...] = (),
            legacy_dir: Path | str | None = None, dry_run: bool = False,
            timeout: float = 600) -> dict:
     """Start the child process and return its JSON payload plus ``returncode``, ``seconds``
     and, when it failed, a one-line ``error``. ``legacy_dir`` goes first on its PYTHONPATH
     (only when legacy levels are asked for), the checkout second so ``helpers`` imports."""
     root = str(Path(__file__).resolve().parent.parent)
-    want_legacy = bool(levels or overflow_levels) and legacy_dir is not None
+    want_legacy = bool(levels or o3_eps or overflow_levels) and legacy_dir is not None
     parts = ([str(legacy_dir)] if want_legacy else []) + [root]
     parts += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(parts)))
@@ -295,7 +320,8 @@ def launch(cfg: TrainConfig, out: Path | str, *, levels: tuple[str, ...] = (),
     out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "helpers.legacy_amp_run", "--out", str(out),
            "--config", cfg.to_json()]
-    for flag, values in (("--levels", levels), ("--overflow-levels", overflow_levels),
+    for flag, values in (("--levels", levels), ("--o3-eps", [repr(e) for e in o3_eps]),
+                         ("--overflow-levels", overflow_levels),
                          ("--torch-recipes", torch_recipes)):
         if values:
             cmd += [flag, ",".join(values)]

@@ -133,6 +133,11 @@ def test_run_result_statistics_and_round_trip():
     bad = RunResult("o3", "api", "O3", "cuda", losses=[3.0, 2.0, float("nan"), float("nan")])
     assert not bad.finite and not bad.decreasing and bad.first_nonfinite_step == 2
     assert math.isnan(bad.final_loss)
+    # jumps up on its first updates, then falls back to about where it started: below the first
+    # tenth's mean, but not below the loss before any update, so it did not learn
+    jump = RunResult("j", "api", "O3 eps=0.0001", "cuda",
+                     losses=[4.3, 10.7, 6.6] + [4.4] * 17)
+    assert jump.final_loss < jump.initial_loss and not jump.decreasing
     failed = RunResult("f", "api", "O1", "cuda", error="RuntimeError: boom")
     assert not failed.ok and failed.status() == "FAILED: RuntimeError: boom"
     assert math.isnan(failed.row()["step_ms"])
@@ -228,6 +233,23 @@ def test_child_dry_run_writes_the_plan(tmp_path):
     payload = json.loads(out.read_text())
     assert payload["meta"]["dry_run"] and payload["meta"]["levels"] == ["O0", "O1", "O2", "O3"]
     assert payload["meta"]["config"] == json.loads(CFG.to_json()) and payload["runs"] == []
+
+
+def test_child_plans_o3_eps_runs(tmp_path):
+    out = tmp_path / "plan.json"
+    assert legacy_amp_run.main(["--out", str(out), "--config", CFG.to_json(),
+                                "--o3-eps", "1e-4,0.001", "--dry-run"]) == 0
+    assert json.loads(out.read_text())["meta"]["o3_eps"] == [1e-4, 1e-3]
+    assert legacy_amp_run.o3_label(1e-3) == "O3 eps=0.001"
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert amp_train.make_optimizer(params, CFG).defaults["eps"] == 1e-8
+    eps_cfg = amp_train.TrainConfig.from_json(CFG.to_json().replace('"adam_eps": 1e-08',
+                                                                    '"adam_eps": 0.001'))
+    assert amp_train.make_optimizer(params, eps_cfg).defaults["eps"] == 1e-3
+    for bad in ("0", "2", "x"):
+        with pytest.raises(SystemExit) as exc:
+            legacy_amp_run.main(["--out", str(out), "--o3-eps", bad, "--dry-run"])
+        assert exc.value.code == 2
 
 
 def test_child_refuses_unknown_levels(tmp_path):
@@ -375,7 +397,7 @@ def fake_apex(tmp_path):
 
 def test_child_runs_levels_and_overflow_with_a_stand_in_amp(fake_apex, tmp_path):
     code = f"""
-import json, sys, torch
+import dataclasses, json, sys, torch
 from helpers import legacy_amp_run as l
 from helpers.amp_train import TrainConfig, make_batches
 assert "apex" not in sys.modules, "importing the runner must not import apex"
@@ -386,6 +408,9 @@ out = {{"import": info, "levels": {{}}, "overflow": []}}
 for level in ("O0", "O1", "O3"):
     result, meta = l.run_level(level, cfg, batches)
     out["levels"][level] = {{"row": result.row(), "meta": meta}}
+eps_cfg = dataclasses.replace(cfg, adam_eps=1e-3)
+result, meta = l.run_level("O3", eps_cfg, batches, l.o3_label(1e-3))
+out["levels"]["O3 eps"] = {{"row": result.row(), "meta": meta}}
 out["overflow"].append(l.overflow_level("O1", cfg, batches))
 import apex.amp
 apex.amp.SKIP_ON_OVERFLOW = False  # an amp that does not skip: the probe must report it
@@ -410,6 +435,9 @@ print(json.dumps(out))
     assert o1["meta"]["op_dtypes"]["linear"] == "float16"  # probed before the reset
     assert o1["meta"]["restored"] is True
     assert out["levels"]["O3"]["row"]["error"] == ""
+    o3_eps = out["levels"]["O3 eps"]
+    assert o3_eps["row"]["run"] == "apex.amp O3 eps=0.001" and o3_eps["row"]["error"] == ""
+    assert o3_eps["meta"]["opt_level"] == "O3" and o3_eps["meta"]["adam_eps"] == 1e-3
     # the overflow probe reports what the amp did, whichever way it went
     honest, broken = out["overflow"]
     assert honest["inf_injected"] and broken["inf_injected"]
