@@ -184,6 +184,9 @@ def build_recipe(name: str, cfg: TrainConfig, device: torch.device | str) -> Bui
 
 
 # ------------------------------------------------------------------ measuring a run
+LEARNED_DROP = 0.10  # a run has learned when its final loss is 10% or more below its first
+
+
 @dataclass
 class RunResult:
     """Everything one training run reports; JSON-friendly so the child process can send it."""
@@ -238,11 +241,12 @@ class RunResult:
 
     @property
     def decreasing(self) -> bool:
-        """True when the last tenth's mean loss is below the first tenth's and below the loss
-        of the first step (taken before any update): a run that jumps up on its first updates
-        and falls back to where it started has not learned."""
+        """True when the last tenth's mean loss is below the first tenth's and at least
+        ``LEARNED_DROP`` below the loss of the first step (taken before any update): a run that
+        jumps up on its first updates and falls back to about where it started has not
+        learned."""
         return (self.finite and self.final_loss < self.initial_loss
-                and self.final_loss < self.losses[0])
+                and self.final_loss <= (1 - LEARNED_DROP) * self.losses[0])
 
     @property
     def timing(self) -> bench.Timing | None:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+
+def value_label(value: float) -> str:
+    """A bar's label: thousands separators from 1000 up (527,790), 3 significant digits below."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def bar_chart(df, x: str, y: str, *, ylabel: str, title: str = "", low: str | None = None,
@@ -17,8 +23,9 @@ def bar_chart(df, x: str, y: str, *, ylabel: str, title: str = "", low: str | No
     bars = ax.bar(df[x].astype(str), values, yerr=yerr, capsize=3, color="#4C72B0")
     if annotate:
         for bar, value in zip(bars, values, strict=True):
-            ax.annotate(f"{value:.3g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ax.annotate(value_label(value), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=8)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: value_label(v)))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.tick_params(axis="x", labelrotation=20)

@@ -37,6 +37,12 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see
     a half-written file."""
@@ -46,6 +52,7 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a result file is for sharing
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -140,6 +140,15 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["table.csv"]  # no temporary left behind
 
 
+def test_atomic_write_gives_the_umask_mode_not_0600(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = results.atomic_write_text(tmp_path / "a.json", "{}\n")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
 def test_save_table_writes_csv_and_json_with_env():
     df = pd.DataFrame({"candidate": ["a", "b"], "median_ms": [1.5, float("nan")]})
     path = results.save_table(df, "02_demo", env={"gpu_name": "X"})

@@ -1,0 +1,28 @@
+"""The course's chart helpers: readable bar labels and axis ticks."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from helpers import plots  # noqa: E402
+
+
+def test_value_label_is_never_scientific():
+    assert plots.value_label(527790.4) == "527,790"
+    assert plots.value_label(1000) == "1,000"
+    assert plots.value_label(2.071) == "2.07" and plots.value_label(0.000123) == "0.000123"
+
+
+def test_bar_chart_labels_bars_and_ticks_in_plain_numbers():
+    df = pd.DataFrame({"name": ["a", "b"], "tok": [75940.0, 675282.0]})
+    ax = plots.bar_chart(df, "name", "tok", ylabel="tokens/s")
+    ax.figure.canvas.draw()
+    assert [t.get_text() for t in ax.texts] == ["75,940", "675,282"]
+    ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert ticks and not any("e+" in t for t in ticks) and any("," in t for t in ticks)
+    plt.close(ax.figure)
