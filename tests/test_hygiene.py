@@ -122,6 +122,25 @@ def test_ci_runs_the_readme_command():
     assert "make test" in (ROOT / "README.md").read_text()
 
 
+def _committed(path: Path) -> bool:
+    """True when ``path`` (a file, or a folder with a file in it) is in git, not just on disk:
+    an ignored file would be missing from every clone."""
+    if not (ROOT / ".git").exists():
+        return path.exists()
+    proc = subprocess.run(["git", "ls-files", "--", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    return bool(proc.stdout.strip())
+
+
+def test_readme_links_and_images_point_at_committed_files():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s#]+)[^)]*\)", readme)
+    local = [t for t in targets if not re.match(r"[a-z]+:", t)]
+    assert any(t.endswith(".png") for t in local), "the README shows at least one plot"
+    missing = [t for t in local if not _committed(ROOT / t)]
+    assert missing == [], f"README links to files that are not committed: {missing}"
+
+
 def _python_without_test_tools(tmp_path: Path) -> Path:
     """A stand-in python: every module importable except the test tools, and pip offline."""
     shim = tmp_path / "python-shim"
