@@ -4,7 +4,7 @@ SHELL := /bin/bash
 ENSURE := bash scripts/ensure_env.sh
 ENSURE_RUN := bash scripts/ensure_env.sh --for=run
 OUT ?= build/run
-PROFILE ?= auto
+PROFILE ?= $(or $(COURSE_PROFILE),auto)
 
 .PHONY: help run test lab report notebooks apex clean
 
@@ -17,8 +17,10 @@ run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execut
 	   && { command -v nvcc >/dev/null || [ -x "$${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; }; then \
 	  PYTHON=$$py ./build_apex.sh --legacy-amp \
 	    || echo "make run: the Apex build failed (its message is above); the notebooks still run and skip the Apex cells."; \
+	elif $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	  echo "make run: a CUDA GPU but no nvcc here, so Apex is not built; the Apex cells skip with one line each (install the CUDA toolkit matching torch.version.cuda to build it)."; \
 	else \
-	  echo "make run: no CUDA GPU or no nvcc here, so Apex is not built; the notebooks run in the small 'smoke' profile and skip GPU-only cells."; \
+	  echo "make run: no CUDA GPU here, so Apex is not built; the notebooks run in the small 'smoke' profile and skip GPU-only cells."; \
 	fi; \
 	$$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
 

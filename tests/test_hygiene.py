@@ -169,4 +169,3 @@ def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
         assert "unknown argument" in proc.stderr
     else:
         assert "missing: pytest ruff yaml" in proc.stderr
-    assert not (ROOT / ".requirements-no-torch.txt").exists()

@@ -130,8 +130,14 @@ def test_hidden_sweep_and_timings_produce_the_saved_columns():
         expected = t["bytes"] / (t["median_ms"] * 1e-3) / 1e9
         assert (t["gbps"] - expected).abs().max() <= 1e-9 * expected.max()
         assert ((t["pct_of_copy_ceiling"] - 100 * t["gbps"] / 10.0).abs() < 1e-6).all()
-    assert (table["bytes"] == [norm_bench.norm_bytes(r.norm, 16, 32, cfg, r["pass"])
-                               for _, r in table.iterrows()]).all()
+    # fp32, 16 x 32: forward reads x and writes y (4 B each), plus the affine vectors (LayerNorm
+    # weight and bias, RMSNorm weight); forward+backward adds x, dy read and dx written, and
+    # the vectors read again with their gradients written
+    expected = {("LayerNorm", "forward"): 16 * 32 * 8 + 2 * 32 * 4,
+                ("RMSNorm", "forward"): 16 * 32 * 8 + 32 * 4,
+                ("LayerNorm", "forward+backward"): 16 * 32 * 20 + 3 * 2 * 32 * 4,
+                ("RMSNorm", "forward+backward"): 16 * 32 * 20 + 3 * 32 * 4}
+    assert all(r["bytes"] == expected[(r.norm, r["pass"])] for _, r in table.iterrows())
 
 
 def test_a_failing_compile_drops_the_compiled_candidates_with_one_line(monkeypatch):

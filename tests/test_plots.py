@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 from helpers import plots  # noqa: E402
 
 
-def test_value_label_is_never_scientific():
+def test_value_label_uses_thousands_separators_from_1000_up():
     assert plots.value_label(527790.4) == "527,790"
     assert plots.value_label(1000) == "1,000"
     assert plots.value_label(2.071) == "2.07" and plots.value_label(0.000123) == "0.000123"
