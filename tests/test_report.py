@@ -63,8 +63,12 @@ def test_report_refuses_without_cuda(monkeypatch, capsys):
 
 def test_committed_summaries_are_well_formed():
     for path in sorted((ROOT / "reports").glob("*/summary.json")):
-        problems = report.validate_summary(json.loads(path.read_text()))
+        summary = json.loads(path.read_text())
+        problems = report.validate_summary(summary)
         assert problems == [], f"{path}: {problems}"
+        # a committed reference run is a full-profile run in which every notebook finished
+        assert summary["profile"] == "full", path
+        assert summary["notebook_ok"] and all(summary["notebook_ok"].values()), path
 
 
 def test_readme_headline_matches_the_reference_summary():
@@ -102,6 +106,12 @@ def test_readme_figures_beside_the_table_come_from_the_summary():
     adam = opt["apex FusedAdam"]["median_ms"] / opt["fused"]["median_ms"]
     assert adam > 1 and ln[0] > ln[1], "the README says Apex's pieces are slower in isolation"
     assert f"FusedAdam {adam:.2f}x the time" in readme
+    for norm in ("LayerNorm", "RMSNorm"):  # Apex's mixed-dtype norms against eager torch
+        mixed = (norms[(norm, f"torch {norm}", "fp32->bf16", "forward+backward")]
+                 / norms[(norm, f"apex MixedFused{norm}", "fp32->bf16", "forward+backward")])
+        assert mixed > 1, "the README says Apex wins the mixed case"
+        assert f"`MixedFused{norm}` is {mixed:.2f}x" in readme or (
+            f"`MixedFused{norm}` {mixed:.2f}x" in readme), norm
     assert f"`FusedLayerNorm` {ln[0] / ln[1]:.2f}x torch's" in readme
     assert f"takes {ratio:.2f}x the native fused path's - level" in readme
     assert 0.97 <= ratio <= 1.03, "the README calls the end-to-end paths level"
