@@ -14,7 +14,7 @@ help:  ## list the targets
 run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execute all notebooks
 	@py=$$($(ENSURE_RUN)); \
 	if $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)" 2>/dev/null \
-	   && { command -v nvcc >/dev/null || [ -x "$${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; }; then \
+	   && $$py -c "import sys; from helpers.environment import find_nvcc; sys.exit(0 if find_nvcc() else 1)"; then \
 	  PYTHON=$$py ./build_apex.sh --legacy-amp \
 	    || echo "make run: the Apex build failed (its message is above); the notebooks still run and skip the Apex cells."; \
 	elif $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \

@@ -1,19 +1,23 @@
-"""Shared helpers for the course notebooks.
+"""Shared helpers for the course notebooks: what measures, checks, tabulates, plots and reports.
 
-Import the modules by name, e.g. ``from helpers import bench, profile``:
+The techniques the course teaches (the optimizers, the norms, the autocast + GradScaler steps,
+the training loop of each path) are written in the notebooks' cells; these modules only measure
+them. Import them by name, e.g. ``from helpers import bench, profile``:
 
-- ``profile``: the run profile (``smoke`` or ``full``) and the device it runs on;
-- ``bench``: the one timing function every notebook uses (CUDA events, warm-up, median, IQR);
-- ``roofline``: the device's measured ceilings and "% of ceiling" arithmetic;
-- ``envinfo``: the environment report printed at the top of each notebook and saved with results;
-- ``gpu``: what this machine can run (CUDA, bf16, Apex extensions) and one-line skips;
-- ``results``: atomic CSV/JSON/PNG writes into the results folder;
+- ``bench``: timing (CUDA events, warm-up, median, IQR, L2 flush), training runs, peak memory;
+- ``ceilings``: the device's measured ceilings, its datasheet peak, "% of ceiling" and MFU;
+- ``environment``: the environment header saved with every result; the Apex build toolchain;
+- ``machine``: what this machine can run, the one mixed-precision dtype choice, one-line errors;
+- ``profile``: smoke / full run profiles and progress bars;
+- ``results``: atomic CSV / JSON / PNG writes into the results folder;
 - ``plots``: the course's standard charts;
-- ``progress``: progress bars that stay quiet in headless runs;
-- ``runner``: executes notebooks headless (``python -m helpers.runner``).
+- ``verdicts``: "faster / slower / indistinguishable" with the tie rule;
+- ``kernels``: kernel counts and the per-category time breakdown of a step;
+- one module per chapter for what is specific to it and not taught: ``apexcheck`` (01),
+  ``optimizers`` (02), ``norms`` (03), ``legacy_amp`` (04), ``gpt`` (05: the model and corpus).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Bumped whenever the timing method changes, so old and new numbers are never mixed silently.
-BENCH_METHOD_VERSION = "1"
+BENCH_METHOD_VERSION = "2"

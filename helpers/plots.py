@@ -53,3 +53,32 @@ def line_chart(df, x: str, y: str, *, hue: str | None = None, xlabel: str, ylabe
     ax.grid(alpha=0.3)
     ax.figure.tight_layout()
     return ax
+
+
+def difference_chart(df, x: str, y: str, *, hue: str, baseline: str, xlabel: str, ylabel: str,
+                     title: str = "", ax=None):
+    """``df[y]`` minus the ``baseline`` group's ``df[y]`` at the same ``x``, one line per other
+    ``hue`` group: curves that lie on top of each other become readable. The y axis is
+    symmetric-log, linear within the smallest difference seen, so signs and scales both show."""
+    base = df[df[hue] == baseline].set_index(x)[y]
+    others = df[df[hue] != baseline]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    smallest = None
+    for name, group in others.groupby(hue, sort=False):
+        diff = group.set_index(x)[y] - base.reindex(group[x]).to_numpy()
+        ax.plot(diff.index, diff.to_numpy(), marker="o", markersize=2, lw=1, label=str(name))
+        nonzero = diff.abs()[diff.abs() > 0]
+        if not nonzero.empty:
+            low = float(nonzero.min())
+            smallest = low if smallest is None else min(smallest, low)
+    ax.axhline(0.0, color="gray", lw=0.8)
+    if smallest is not None:
+        ax.set_yscale("symlog", linthresh=smallest)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.figure.tight_layout()
+    return ax

@@ -1,10 +1,12 @@
-"""Run profiles: ``smoke`` (tiny sizes, seconds on a CPU) and ``full`` (course sizes on a GPU)."""
+"""Run profiles - ``smoke`` (tiny sizes, seconds on a CPU) and ``full`` (course sizes on a GPU) -
+and the progress bars that show in interactive full-size runs and stay quiet headless."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ENV_VAR = "COURSE_PROFILE"
 HEADLESS_VAR = "COURSE_HEADLESS"
@@ -43,6 +45,20 @@ class Profile:
     def pick(self, smoke: T, full: T) -> T:
         """Return the value for this profile: ``profile.pick(smoke=64, full=8192)``."""
         return full if self.is_full else smoke
+
+    def progress(self, iterable: Iterable | None = None, *, desc: str = "",
+                 total: int | None = None, **kwargs: Any):
+        """A tqdm bar, shown only in interactive full-size runs (quiet headless and in smoke).
+
+        Interactive runs get ``tqdm.auto`` (a widget in Jupyter when ipywidgets is installed,
+        text otherwise); quiet runs get a disabled plain bar, so no widget warning is printed."""
+        from tqdm import std
+
+        if not self.show_progress:
+            return std.tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
+        from tqdm.auto import tqdm  # imported only here: it warns when ipywidgets is missing
+
+        return tqdm(iterable, desc=desc, total=total, leave=False, **kwargs)
 
     def describe(self) -> str:
         """One line for the notebook header."""

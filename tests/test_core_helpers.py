@@ -1,4 +1,4 @@
-"""Unit tests of the foundation modules: profile, bench, roofline, results, envinfo, gpu."""
+"""Unit tests of the foundation modules: profile, bench, roofline, results, envinfo, machine."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, envinfo, gpu, progress, results, roofline
+from helpers import bench, ceilings, environment, machine, results
 from helpers.profile import Profile, ProfileError, resolve
 
 # ---------------------------------------------------------------- profile
@@ -43,7 +43,7 @@ def test_pick_and_progress_flags(monkeypatch):
     assert full.show_progress and not smoke.show_progress
     monkeypatch.setenv("COURSE_HEADLESS", "1")
     assert not resolve("full", cuda=True).show_progress
-    assert progress.progress(range(3), profile=smoke).disable
+    assert smoke.progress(range(3)).disable
 
 
 # ---------------------------------------------------------------- bench
@@ -88,39 +88,39 @@ def test_table_speedup_against_baseline():
 
 
 def test_roofline_arithmetic():
-    assert roofline.bandwidth_gbps(2e9, 1000.0) == pytest.approx(2.0)
-    assert roofline.tflops(3e12, 1000.0) == pytest.approx(3.0)
-    assert roofline.pct_of(50.0, 200.0) == pytest.approx(25.0)
-    assert roofline.matmul_flops(2, 3, 4) == 48
+    assert ceilings.bandwidth_gbps(2e9, 1000.0) == pytest.approx(2.0)
+    assert ceilings.tflops(3e12, 1000.0) == pytest.approx(3.0)
+    assert ceilings.pct_of(50.0, 200.0) == pytest.approx(25.0)
+    assert ceilings.matmul_flops(2, 3, 4) == 48
     # 1 GB at 1000 GB/s = 1 ms; 1 TFLOP at 100 TFLOP/s = 10 ms: compute-bound, floor is 10 ms.
-    assert roofline.floor_ms(1e9, 1e12, 1000.0, 100.0) == pytest.approx(10.0)
-    assert roofline.floor_ms(1e10, 1e9, 1000.0, 100.0) == pytest.approx(10.0)
+    assert ceilings.floor_ms(1e9, 1e12, 1000.0, 100.0) == pytest.approx(10.0)
+    assert ceilings.floor_ms(1e10, 1e9, 1000.0, 100.0) == pytest.approx(10.0)
     with pytest.raises(ValueError):
-        roofline.bandwidth_gbps(1.0, 0.0)
+        ceilings.bandwidth_gbps(1.0, 0.0)
     with pytest.raises(ValueError):
-        roofline.pct_of(1.0, 0.0)
+        ceilings.pct_of(1.0, 0.0)
 
 
 def test_tf32_context_restores_flag():
     before = torch.backends.cuda.matmul.allow_tf32
-    with roofline.tf32(not before):
+    with ceilings.tf32(not before):
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)
     assert torch.backends.cuda.matmul.allow_tf32 is before
 
 
 def test_ceilings_measured_then_cached(monkeypatch):
-    first = roofline.measure_ceilings("cpu")
+    first = ceilings.measure_ceilings("cpu")
     assert first["device"] == "cpu" and first["copy_gbps"] > 0
     assert first["matmul_tflops"]["fp32"] > 0
-    assert roofline.cache_path(torch.device("cpu")).exists()
+    assert ceilings.cache_path(torch.device("cpu")).exists()
 
     def boom(*args, **kwargs):
         raise AssertionError("a cached ceiling must not be measured again")
 
-    monkeypatch.setattr(roofline, "_measure_copy", boom)
-    assert roofline.measure_ceilings("cpu") == first
+    monkeypatch.setattr(ceilings, "_measure_copy", boom)
+    assert ceilings.measure_ceilings("cpu") == first
     with pytest.raises(AssertionError):
-        roofline.measure_ceilings("cpu", force=True)
+        ceilings.measure_ceilings("cpu", force=True)
 
 
 # ---------------------------------------------------------------- results
@@ -171,33 +171,33 @@ def test_slug():
     assert results.slug("Tesla T4 (PCIe)") == "tesla-t4-pcie"
 
 
-# ---------------------------------------------------------------- envinfo and gpu
+# ---------------------------------------------------------------- environment and machine
 
 
 def test_environment_report_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    report = envinfo.environment_report()
+    report = environment.environment_report()
     assert report["cuda_available"] is False and report["gpu_name"] is None
     assert report["torch"] == torch.__version__
     assert report["bench_method"].startswith("v")
-    text = envinfo.format_report(report)
+    text = environment.format_report(report)
     assert "CPU only" in text
     json.dumps(report)  # saved with every result, so it must serialize
 
 
 def test_report_formats_a_python_only_apex():
-    report = envinfo.environment_report()
+    report = environment.environment_report()
     report.update(cuda_available=True, gpu_name="NVIDIA H200", gpu_capability="9.0",
                   gpu_memory_gib=139.8, gpu_sm_count=132, gpu_l2_mib=60.0, driver="580",
                   apex_importable=True, apex_commit=None,
-                  apex_extensions={name: False for name in gpu.APEX_EXTENSIONS})
-    text = envinfo.format_report(report)
+                  apex_extensions={name: False for name in machine.APEX_EXTENSIONS})
+    text = environment.format_report(report)
     assert "sm_90" in text and "NONE (Python-only install)" in text
 
 
 def test_needs_prints_one_line_and_returns_false(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu.needs(cuda=True, apex=("amp_C",)) is False
+    assert machine.needs(cuda=True, apex=("amp_C",)) is False
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and out.startswith("Skipped:") and "CUDA GPU" in out
 
@@ -205,36 +205,36 @@ def test_needs_prints_one_line_and_returns_false(monkeypatch, capsys):
 def test_needs_bf16_on_a_gpu_without_native_bf16(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
-    assert gpu.bf16_supported() is False
-    assert gpu.needs(bf16=True) is False
+    assert machine.bf16_supported() is False
+    assert machine.needs(bf16=True) is False
     assert capsys.readouterr().out == (
         "Skipped: this cell needs a GPU with bf16 (compute capability 8.0+).\n")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    assert gpu.needs(bf16=True) is True
+    assert machine.needs(bf16=True) is True
     assert capsys.readouterr().out == ""
 
 
 def test_legacy_amp_on_cpu_asks_only_for_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert gpu.needs(legacy_amp=True) is False
+    assert machine.needs(legacy_amp=True) is False
     assert capsys.readouterr().out == "Skipped: this cell needs a CUDA GPU.\n"
 
 
 def test_needs_names_missing_apex_extension(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu, "apex_extension_status", lambda: {"amp_C": False})
-    monkeypatch.setattr(gpu, "apex_importable", lambda: True)
-    assert gpu.needs(cuda=True, apex=("amp_C",)) is False
+    monkeypatch.setattr(machine, "apex_extension_status", lambda: {"amp_C": False})
+    monkeypatch.setattr(machine, "apex_importable", lambda: True)
+    assert machine.needs(cuda=True, apex=("amp_C",)) is False
     out = capsys.readouterr().out
     assert "amp_C" in out and "build_apex.sh" in out
 
 
 def test_legacy_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("APEX_WORKDIR", str(tmp_path))
-    assert gpu.legacy_amp_dir() == tmp_path / "legacy-amp"
-    assert gpu.apex_build_info() is None
+    assert machine.legacy_amp_dir() == tmp_path / "legacy-amp"
+    assert machine.apex_build_info() is None
     (tmp_path / "installed.json").write_text(json.dumps({"commit": "abc"}))
-    assert gpu.apex_build_info() == {"commit": "abc"}
+    assert machine.apex_build_info() == {"commit": "abc"}
 
 
 def test_step_timer_records_each_step_on_cpu():
@@ -244,3 +244,133 @@ def test_step_timer_records_each_step_on_cpu():
             time.sleep(delay)
     first, second = timer.samples_ms()
     assert first < 5.0 and 19.0 <= second <= 60.0
+
+
+# ---------------------------------------------------------------- training runs and memory
+
+
+def test_train_records_every_step_and_drops_the_warmup():
+    losses = [4.0, 3.0, 2.0, 1.5, 1.0, 0.8, 0.6, 0.5, 0.4, 0.3]
+    seen = []
+    run = bench.train(lambda i: torch.tensor(losses[i]), len(losses), device="cpu", warmup=3,
+                      label="toy", after_step=lambda i, loss: seen.append(i))
+    assert run.losses == pytest.approx(losses) and seen == list(range(10))
+    assert len(run.step_ms) == 10 and len(run.timing.samples_ms) == 7
+    assert run.first_step_s >= 0 and run.wall_s >= run.first_step_s
+    assert run.initial_loss == pytest.approx(4.0) and run.final_loss == pytest.approx(0.3)
+    assert run.learned and run.finite and run.ok
+
+
+def test_train_refuses_too_few_steps():
+    with pytest.raises(ValueError, match="must exceed warmup"):
+        bench.train(lambda i: torch.tensor(1.0), 3, device="cpu", warmup=3)
+
+
+@pytest.mark.parametrize("losses, learned", [
+    ([4.3, 8.4, 6.0, 5.0, 4.12], False),   # jumped and fell back: not 10% below step 0
+    ([4.0, 4.0, float("nan"), 1.0, 0.5], False),  # not finite
+    ([4.0, 3.0, 2.0, 1.0, 0.5], True),
+    ([4.0, 4.1, 4.2, 4.3, 4.4], False),  # rising
+])
+def test_learned_needs_a_real_drop(losses, learned):
+    assert bench.Run("r", "cpu", losses=losses, step_ms=[1.0] * 5, warmup=1).learned is learned
+
+
+def test_run_round_trips_through_json():
+    run = bench.Run("r", "cpu", losses=[2.0, 1.0], step_ms=[1.0, 2.0], warmup=1,
+                    first_step_s=0.5, wall_s=1.0, peak_mem_gib=0.25,
+                    extra={"loss_scales": [1.0, 2.0], "param_dtype": "float16"})
+    back = bench.Run.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert back == run
+    row = back.row()
+    assert row["param_dtype"] == "float16" and "loss_scales" not in row
+    assert row["step_ms"] == 2.0
+
+
+def test_peak_memory_is_nan_on_the_cpu():
+    with bench.peak_memory("cpu") as peak:
+        torch.ones(1000)
+    assert peak.gib != peak.gib
+
+
+# ---------------------------------------------------------------- the mixed-precision dtype
+
+
+def test_amp_dtype_follows_the_capability(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))  # T4, V100-ish
+    assert machine.amp_dtype("auto", "cuda") is torch.float16
+    assert machine.amp_dtype("FP16", "cuda") is torch.float16
+    with pytest.raises(machine.CourseError, match="compute capability 8.0"):
+        machine.amp_dtype("bf16", "cuda")
+    assert "GradScaler" in machine.amp_dtype_line(torch.float16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert machine.amp_dtype("auto", "cuda") is torch.bfloat16
+    assert machine.amp_dtype("fp16", "cuda") is torch.float16
+    assert "forced" in machine.amp_dtype_line(torch.float16, "fp16")
+
+
+def test_amp_dtype_refuses_unknown_names_in_one_sentence():
+    with pytest.raises(machine.CourseError, match="not one of auto, bf16, fp16"):
+        machine.amp_dtype("float8")
+    assert machine.amp_dtype("auto", "cpu") is torch.bfloat16
+
+
+# ---------------------------------------------------------------- one-line errors
+
+
+def test_one_line_reads_the_innermost_cause():
+    try:
+        try:
+            raise ValueError("the real problem\nwith details")
+        except ValueError as inner:
+            raise RuntimeError("backend='inductor' raised:\nwrapped") from inner
+    except RuntimeError as exc:
+        assert machine.one_line(exc) == "ValueError: the real problem"
+    assert machine.one_line(RuntimeError("x" * 300)).endswith("...")
+    assert machine.one_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_compile_guard_turns_any_failure_into_one_line():
+    with pytest.raises(machine.CompileFailed) as info:
+        with machine.compile_guard("set run_compile = False"):
+            raise RuntimeError("no C compiler\nlong trace")
+    assert str(info.value) == ("torch.compile failed (RuntimeError: no C compiler); "
+                               "set run_compile = False")
+
+
+def test_wrong_apex_is_none_without_pypi_apex():
+    assert machine.wrong_apex() is None
+
+
+# ---------------------------------------------------------------- ceilings cache
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "unreadable"),
+    ('{"device": "cpu", "matmul_tflops": {"fp32": 1.0}}', "incomplete"),
+    ('{"device": "cpu", "copy_gbps": 0, "matmul_tflops": {"fp32": 1.0}}', "zero or negative"),
+    ('{"device": "NVIDIA H200", "copy_gbps": 4000, "matmul_tflops": {"bf16": 5000}}',
+     "above the datasheet"),
+])
+def test_a_bad_ceilings_cache_is_named_and_measured_again(text, problem, capsys):
+    path = ceilings.cache_path(torch.device("cpu"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert ceilings.read_cache(path)[0] is None  # absent
+    path.write_text(text)
+    data, why = ceilings.read_cache(path)
+    assert data is None and problem in why
+    if '"cpu"' in text or "not json" in text:
+        fresh = ceilings.measure_ceilings("cpu")
+        assert fresh["copy_gbps"] > 0
+        assert f"{path}: " in capsys.readouterr().out
+        assert ceilings.read_cache(path)[0] is not None  # healed
+
+
+def test_peak_and_mfu():
+    assert ceilings.peak_tflops("NVIDIA H200")[0] == 989.0
+    assert ceilings.peak_tflops("NVIDIA H200 NVL")[0] == 835.0
+    assert "measured bf16" in ceilings.peak_tflops("Tesla T4", {"matmul_tflops": {"bf16": 9}})[1]
+    with pytest.raises(ValueError):
+        ceilings.peak_tflops("mystery")
+    assert ceilings.mfu(6e9, 1e3, 12.0) == pytest.approx(0.5)

@@ -60,7 +60,8 @@ def test_notebook_has_parameters_cell_and_no_path_hacks(path):
 
 
 def test_ruff_is_clean():
-    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers", "tests", "notebooks"],
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers", "coursetools", "tests",
+                           "notebooks"],
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

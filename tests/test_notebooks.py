@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import runner
+from coursetools import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import report, runner
+from coursetools import report, runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_NAMES = [p.name for p in sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
@@ -56,7 +56,7 @@ def test_summary_collects_the_figures(tmp_path):
 
 
 def test_report_refuses_without_cuda(monkeypatch, capsys):
-    monkeypatch.setattr(report.gpu, "cuda_available", lambda: False)
+    monkeypatch.setattr(report.machine, "cuda_available", lambda: False)
     assert report.main([]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 

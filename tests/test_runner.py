@@ -5,7 +5,8 @@ from __future__ import annotations
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from helpers import runner
+import helpers
+from coursetools import runner
 
 
 def _notebook(path, *sources):
@@ -25,7 +26,7 @@ def test_runner_executes_and_reports_failures(tmp_path, capsys):
     code = runner.main([str(good), str(bad), "--out", str(out), "--profile", "smoke"])
     assert code == 1
     executed = nbformat.read(out / "good.ipynb", as_version=4)
-    assert "smoke 0.1.0" in executed.cells[0].outputs[0]["text"]
+    assert f"smoke {helpers.__version__}" in executed.cells[0].outputs[0]["text"]
     failed = nbformat.read(out / "bad.ipynb", as_version=4)  # written although it failed
     assert failed.cells[1].outputs[0]["output_type"] == "error"
     captured = capsys.readouterr()

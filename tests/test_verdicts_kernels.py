@@ -4,71 +4,71 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import fusion
+from helpers import bench, kernels, machine, verdicts
 
 
 def test_compare_says_faster_and_slower_from_the_numbers():
-    assert "2.00x faster than b" in fusion.compare("a", 1.0, "b", 2.0)
-    assert "2.00x slower than b" in fusion.compare("a", 2.0, "b", 1.0)
+    assert "2.00x faster than b" in verdicts.compare("a", 1.0, "b", 2.0)
+    assert "2.00x slower than b" in verdicts.compare("a", 2.0, "b", 1.0)
 
 
 def test_compare_flips_when_the_numbers_flip():
-    one = fusion.compare("apex", 1.0, "torch", 1.5)
-    other = fusion.compare("apex", 1.5, "torch", 1.0)
+    one = verdicts.compare("apex", 1.0, "torch", 1.5)
+    other = verdicts.compare("apex", 1.5, "torch", 1.0)
     assert "faster" in one and "slower" in other
 
 
 def test_small_differences_and_overlapping_iqrs_are_ties():
-    assert "indistinguishable" in fusion.compare("a", 1.00, "b", 1.02)
-    assert "IQRs overlap" in fusion.compare("a", 1.0, "b", 1.2, a_iqr=(0.9, 1.15),
+    assert "indistinguishable" in verdicts.compare("a", 1.00, "b", 1.02)
+    assert "IQRs overlap" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.9, 1.15),
                                             b_iqr=(1.1, 1.3))
-    assert "faster" in fusion.compare("a", 1.0, "b", 1.2, a_iqr=(0.95, 1.05), b_iqr=(1.1, 1.3))
+    assert "faster" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.95, 1.05), b_iqr=(1.1, 1.3))
 
 
 def test_is_tie_rejects_non_positive_times():
     with pytest.raises(ValueError):
-        fusion.is_tie(0.0, 1.0)
+        verdicts.is_tie(0.0, 1.0)
 
 
 def test_fastest_and_compare_rows_read_a_table():
     df = pd.DataFrame({"candidate": ["x", "y"], "median_ms": [3.0, 1.0], "q1_ms": [2.9, 0.9],
                        "q3_ms": [3.1, 1.1]})
-    assert fusion.fastest(df) == "y"
-    assert fusion.fastest(df, among=["x"]) == "x"
-    assert fusion.compare_rows(df, "y", "x").startswith("y (1 ms) is 3.00x faster")
+    assert verdicts.fastest(df) == "y"
+    assert verdicts.fastest(df, among=["x"]) == "x"
+    assert verdicts.compare_rows(df, "y", "x").startswith("y (1 ms) is 3.00x faster")
 
 
 def test_count_kernels_on_cpu_counts_outermost_ops():
     a = torch.randn(64)
-    counts = fusion.count_kernels(lambda: (a + 1).mul_(2), "cpu", calls=2)
+    counts = kernels.count_kernels(lambda: (a + 1).mul_(2), "cpu", calls=2)
     assert counts["what"] == "aten ops (CPU)"
     assert counts["per_call"] == 2
     assert "matching_per_call" not in counts
-    matched = fusion.count_kernels(lambda: a + 1, "cpu", match=("add",))
+    matched = kernels.count_kernels(lambda: a + 1, "cpu", match=("add",))
     assert matched["matching_per_call"] == 1
 
 
 def test_short_name_drops_templates():
-    assert fusion.short_name("void kernel<float, 4>(int)") == "kernel"
-    assert fusion.short_name("void at::native::(anonymous namespace)::k<1>(int)") == (
+    assert kernels.short_name("void kernel<float, 4>(int)") == "kernel"
+    assert kernels.short_name("void at::native::(anonymous namespace)::k<1>(int)") == (
         "at::native::k")
-    assert len(fusion.short_name("x" * 100, width=10)) == 10
+    assert len(kernels.short_name("x" * 100, width=10)) == 10
 
 
 def test_hold_gpu_is_a_no_op_on_the_cpu():
-    assert fusion.hold_gpu("cpu") is None
+    assert bench.hold_gpu("cpu") is None
 
 
 def test_gpu_time_on_the_cpu_is_one_timing_used_twice():
     calls = []
-    timing, call_ms = fusion.gpu_time(lambda: calls.append(1), "cpu", warmup=1, repeats=3)
+    timing, call_ms = bench.gpu_time(lambda: calls.append(1), "cpu", warmup=1, repeats=3)
     assert len(calls) == 4  # warm-up and repeats once: no second, held measurement on the CPU
     assert call_ms == timing.median_ms and len(timing.samples_ms) == 3
 
 
 def test_oom_exit_turns_oom_into_one_sentence():
     with pytest.raises(SystemExit, match="Out of GPU memory while testing"):
-        with fusion.oom_exit("testing"):
+        with machine.oom_exit("testing"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
@@ -81,8 +81,8 @@ def test_fastest_text_names_the_rows_tied_with_the_winner():
         {"candidate": "c", "median_ms": 1.20, "q1_ms": 1.005, "q3_ms": 1.4},  # IQRs overlap
         {"candidate": "d", "median_ms": 2.00, "q1_ms": 1.90, "q3_ms": 2.10},
     ])
-    assert fusion.tied_with_fastest(df) == ["a", "b", "c"]
-    assert fusion.fastest_text(df) == "a (indistinguishable from b, c)"
-    assert fusion.fastest_text(df, among=["a", "d"]) == "a"
-    assert fusion.fastest_text(df.drop(columns=["q1_ms", "q3_ms"])) == \
+    assert verdicts.tied_with_fastest(df) == ["a", "b", "c"]
+    assert verdicts.fastest_text(df) == "a (indistinguishable from b, c)"
+    assert verdicts.fastest_text(df, among=["a", "d"]) == "a"
+    assert verdicts.fastest_text(df.drop(columns=["q1_ms", "q3_ms"])) == \
         "a (indistinguishable from b)"

@@ -1,5 +1,5 @@
-"""The device's measured ceilings and the arithmetic that turns (bytes, FLOPs, time) into "% of
-ceiling".
+"""Ceilings: the device's measured limits, its datasheet peak, and the arithmetic that turns
+(bytes, FLOPs, time) into "% of ceiling" and MFU.
 
 Ceilings are measured, not copied from a datasheet: a large device-to-device copy (bytes read
 plus bytes written) for memory bandwidth, and large square matrix products on random data for
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from helpers import bench, gpu
+from helpers import bench, machine
 from helpers.results import results_dir, save_json, slug
 
 
@@ -92,6 +93,26 @@ def _measure_matmul(device: torch.device, n: int, dtype: torch.dtype, allow_tf32
     return tflops(matmul_flops(n, n, n), t.median_ms)
 
 
+def read_cache(path: Path) -> tuple[dict | None, str]:
+    """The cached ceilings if they are whole and plausible, else (None, what is wrong)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable ({type(exc).__name__})"
+    try:
+        copy = float(data["copy_gbps"])
+        rates = {k: float(v) for k, v in data["matmul_tflops"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None, "incomplete (copy_gbps or matmul_tflops missing)"
+    if copy <= 0 or not rates or min(rates.values()) <= 0:
+        return None, "holds a zero or negative ceiling"
+    peak = datasheet_peak(str(data.get("device", "")))
+    if peak is not None and rates.get("bf16", 0) > 1.05 * peak[0]:
+        return None, (f"bf16 ceiling {rates['bf16']:.0f} TFLOP/s is above the datasheet's "
+                      f"{peak[0]:g}")
+    return data, ""
+
+
 def measure_ceilings(device: torch.device | str | None = None, *, force: bool = False,
                      directory: Path | None = None, small: bool | None = None) -> dict:
     """Measure (or load from cache) copy bandwidth and matmul rates for ``device``.
@@ -103,9 +124,11 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
         "cuda" if torch.cuda.is_available() else "cpu")
     path = cache_path(dev, directory)
     if path.exists() and not force:
-        cached = json.loads(path.read_text())
-        if cached.get("torch") == torch.__version__:
+        cached, problem = read_cache(path)
+        if cached is not None and cached.get("torch") == torch.__version__:
             return cached
+        if problem:
+            print(f"{path}: {problem}; measuring the ceilings again.")
     small = dev.type == "cpu" if small is None else small
     copy_bytes = 64 * 2**20 if small else 2 * 2**30
     n = 512 if small else 8192
@@ -113,7 +136,7 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
     rates = {"fp32": _measure_matmul(dev, n, torch.float32, False, repeats)}
     if dev.type == "cuda":
         rates["tf32"] = _measure_matmul(dev, n, torch.float32, True, repeats)
-        if gpu.bf16_supported():  # native bf16 only (sm_80+), not emulated
+        if machine.bf16_supported():  # native bf16 only (sm_80+), not emulated
             rates["bf16"] = _measure_matmul(dev, n, torch.bfloat16, False, repeats)
         rates["fp16"] = _measure_matmul(dev, n, torch.float16, False, repeats)
     result = {
@@ -128,3 +151,51 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
     }
     save_json(path.stem, result, directory=path.parent)
     return result
+
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA datasheets. A key matches when
+# its words appear as whole words, in order, in the device name ("L4" does not match "L40", nor
+# "A10" "A10G", which is left out: it falls back to the measured ceiling); first match wins, so
+# the longer keys of a family come first.
+DATASHEET_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0),
+    ("GH200", 989.0), ("H100", 989.0), ("H200", 989.0),
+    ("A100", 312.0), ("L40S", 362.0), ("L40", 181.05), ("L4", 121.0), ("A10", 125.0),
+)
+
+
+def _words(name: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", name.lower())
+
+
+def datasheet_match(key: str, device_name: str) -> bool:
+    """True when the words of ``key`` appear, consecutive and whole, in ``device_name``."""
+    k, n = _words(key), _words(device_name)
+    return bool(k) and any(n[i:i + len(k)] == k for i in range(len(n) - len(k) + 1))
+
+
+def datasheet_peak(device_name: str) -> tuple[float, str] | None:
+    """The datasheet's dense bf16 peak of ``device_name`` in TFLOP/s and its key, or None."""
+    for key, value in DATASHEET_BF16_TFLOPS:
+        if datasheet_match(key, device_name):
+            return value, key
+    return None
+
+
+def peak_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, str]:
+    """The peak MFU is measured against, and where it came from: the datasheet's dense bf16
+    figure, else the measured bf16 matmul ceiling, else (no bf16 units) the measured fp32 one."""
+    found = datasheet_peak(device_name)
+    if found is not None:
+        return found[0], f"datasheet dense bf16 peak of the {found[1]}"
+    rates = (ceilings or {}).get("matmul_tflops", {})
+    if "bf16" in rates:
+        return float(rates["bf16"]), "measured bf16 matmul ceiling (GPU not in the datasheet table)"
+    if "fp32" in rates:
+        return float(rates["fp32"]), "measured fp32 matmul ceiling (no bf16 tensor cores here)"
+    raise ValueError(f"no peak known for '{device_name}' and no measured ceilings given")
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:
+    """Model FLOPs utilisation: FLOPs the model needs per second over ``peak`` TFLOP/s."""
+    return flops_per_token * tokens_per_s / (peak * 1e12)

@@ -1,8 +1,8 @@
 """Reference runs: execute the five notebooks in the full profile into ``reports/<gpu>/`` and
 write ``summary.json``; render the README's headline table from it.
 
-    python -m helpers.report                  # on a CUDA machine (make report)
-    python -m helpers.report --readme-table reports/h200/summary.json
+    python -m coursetools.report                  # on a CUDA machine (make report)
+    python -m coursetools.report --readme-table reports/h200/summary.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from helpers import envinfo, gpu, runner
+from coursetools import runner
+from helpers import environment, machine
 from helpers.results import atomic_write_text, slug
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme_table:
         print(readme_table(json.loads(args.readme_table.read_text())))
         return 0
-    if args.profile == "full" and not gpu.cuda_available():
+    if args.profile == "full" and not machine.cuda_available():
         print("report: error: a reference report needs a CUDA GPU and torch sees none; "
               "run `make test` on this machine instead, or `make report` on a GPU machine.",
               file=sys.stderr)
         return 2
-    env = envinfo.environment_report()
+    env = environment.environment_report()
     out = args.out or ROOT / "reports" / gpu_slug(env.get("gpu_name") or "cpu")
     notebooks = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     runs = runner.run_all(notebooks, out, profile=args.profile)

@@ -1,10 +1,11 @@
-"""Building Apex from a notebook: what the toolchain here offers (torch's CUDA, nvcc, ninja,
-a GPU), found the way ``build_apex.sh`` finds it, and running that script with its output
-streamed into the notebook."""
+"""The environment: the report printed at the top of every notebook and saved with every
+result, the toolchain that building Apex needs (found the way ``build_apex.sh`` finds it), and
+running that script with its output streamed into the notebook."""
 
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import signal
@@ -12,14 +13,128 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from helpers import gpu
+from helpers import BENCH_METHOD_VERSION, __version__, machine
 from helpers.results import repo_root
 
+# Environment variables that change what the numbers mean.
+RELEVANT_VARS = (
+    "COURSE_PROFILE", "CUDA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST", "NVIDIA_TF32_OVERRIDE",
+    "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG",
+)
 
+
+def _run(cmd: list[str]) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def course_commit() -> str | None:
+    """The git commit of the course checkout (``$COURSE_COMMIT`` where the copy has no .git)."""
+    if os.environ.get("COURSE_COMMIT"):
+        return os.environ["COURSE_COMMIT"]
+    root = repo_root()
+    if root is None:
+        return None
+    return _run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"])
+
+
+def environment_report() -> dict:
+    """Everything that decides what a measurement means, as a flat-ish dict."""
+    report: dict = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "course_commit": course_commit(),
+        "helpers_version": __version__,
+        "bench_method": f"v{BENCH_METHOD_VERSION}",
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cuda_available": machine.cuda_available(),
+        "gpu_name": None,
+        "gpu_capability": None,
+        "gpu_memory_gib": None,
+        "gpu_sm_count": None,
+        "gpu_l2_mib": None,
+        "driver": None,
+        "bf16_supported": machine.bf16_supported(),
+        "apex_importable": machine.apex_importable(),
+        "apex_wrong": machine.wrong_apex(),
+        "apex_extensions": {},
+        "apex_commit": None,
+        "env": {k: os.environ[k] for k in RELEVANT_VARS if k in os.environ},
+    }
+    if report["cuda_available"]:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        report.update(
+            gpu_name=props.name,
+            gpu_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            gpu_sm_count=props.multi_processor_count,
+            gpu_l2_mib=round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+            driver=_run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]),
+        )
+        if report["driver"]:
+            report["driver"] = report["driver"].splitlines()[0]
+    if report["apex_importable"]:
+        report["apex_extensions"] = machine.apex_extension_status()
+        info = machine.apex_build_info()
+        report["apex_commit"] = (info or {}).get("commit")
+    return report
+
+
+def format_report(report: dict) -> str:
+    """The readable header: a few aligned lines."""
+    if report["cuda_available"]:
+        device = (f"{report['gpu_name']} (sm_{report['gpu_capability'].replace('.', '')}, "
+                  f"{report['gpu_memory_gib']} GiB, {report['gpu_sm_count']} SMs, "
+                  f"L2 {report['gpu_l2_mib']} MiB, driver {report['driver'] or 'unknown'})")
+    else:
+        device = "CPU only - torch sees no CUDA GPU"
+    if report.get("apex_wrong"):
+        apex = (f"the unrelated {report['apex_wrong']} is installed, not NVIDIA Apex: "
+                "pip uninstall apex, then ./build_apex.sh")
+    elif not report["apex_importable"]:
+        apex = "not installed (./build_apex.sh builds it)"
+    else:
+        exts = report["apex_extensions"]
+        have = [k for k, v in exts.items() if v]
+        apex = (f"commit {(report['apex_commit'] or 'unknown')[:12]}, extensions: "
+                + (", ".join(have) if have else "NONE (Python-only install)"))
+    lines = [
+        ("device", device),
+        ("torch", f"{report['torch']} (CUDA {report['torch_cuda'] or '-'}, "
+                  f"cuDNN {report['cudnn'] or '-'}), bf16: {report['bf16_supported']}"),
+        ("apex", apex),
+        ("python", f"{report['python']} on {report['platform']}, {report['cpu_count']} cores"),
+        ("course", f"commit {report['course_commit'] or 'unknown'}, "
+                   f"bench method {report['bench_method']}, {report['date']}"),
+    ]
+    if report["env"]:
+        lines.append(("env", " ".join(f"{k}={v}" for k, v in report["env"].items())))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{width}} : {v}" for k, v in lines)
+
+
+def print_report(report: dict | None = None) -> dict:
+    """Print the header and return the report (measured now when not given)."""
+    report = report or environment_report()
+    print(format_report(report), file=sys.stdout)
+    return report
+
+
+# ------------------------------------------------------------------ building Apex
 def find_nvcc() -> Path | None:
     """nvcc where build_apex.sh looks: ``$CUDA_HOME/bin``, ``$CONDA_PREFIX/bin``, then PATH."""
     for var in ("CUDA_HOME", "CONDA_PREFIX"):
@@ -60,7 +175,7 @@ def toolchain() -> dict:
         "nvcc_release": release,
         "nvcc_matches_torch": bool(release and torch_mm and release == torch_mm),
         "ninja": has_ninja,
-        "gpu": gpu.cuda_available(),
+        "gpu": machine.cuda_available(),
     }
 
 

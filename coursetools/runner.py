@@ -1,6 +1,6 @@
 """Execute course notebooks headless with nbconvert and write the executed copies.
 
-    python -m helpers.runner [NOTEBOOK ...] --out build/run [--profile auto|smoke|full]
+    python -m coursetools.runner [NOTEBOOK ...] --out build/run [--profile auto|smoke|full]
 
 With no notebook named, all of ``notebooks/*.ipynb`` run in order. Each executed copy is
 written even when a cell fails, the failing cell is named, and a time table closes the run.
