@@ -77,3 +77,38 @@ def fastest_text(df, *, key: str = "candidate", among: list[str] | None = None) 
     if len(names) == 1:
         return names[0]
     return f"{names[0]} (indistinguishable from {', '.join(names[1:])})"
+
+
+def verdict_table(df, by: list[str], *, key: str = "candidate", value: str = "median_ms",
+                  iqr: tuple[str, str] | None = ("q1_ms", "q3_ms"), label=None,
+                  tie: float = TIE_FRACTION):
+    """One row per group of ``by``: the fastest ``key`` by ``value``, the others that cannot be
+    told apart from it (:func:`is_tie`, with the ``iqr`` columns when given), its value, and
+    each candidate's value over the fastest's (1.0 for the fastest, NaN where absent).
+
+    ``label`` maps a candidate to its ratio column's name (default: the name itself), so
+    candidates of different groups can share a column; the columns are ``<label> x``."""
+    import pandas as pd
+
+    label = label or str
+    columns = list(dict.fromkeys(f"{label(name)} x" for name in df[key]))
+    rows = []
+    for keys, group in df.groupby(list(by), sort=False):
+        keys = keys if isinstance(keys, tuple) else (keys,)
+        ranked = group.sort_values(value, kind="stable")
+        best = ranked.iloc[0]
+
+        def spread(r):
+            return (float(r[iqr[0]]), float(r[iqr[1]])) if iqr else None
+
+        tied = [str(r[key]) for _, r in ranked.iloc[1:].iterrows()
+                if is_tie(float(best[value]), float(r[value]), a_iqr=spread(best),
+                          b_iqr=spread(r), tie=tie)]
+        row = {**dict(zip(by, keys, strict=True)), "fastest": str(best[key]),
+               "tied_with_fastest": ", ".join(tied), "fastest_ms": float(best[value])}
+        row.update(dict.fromkeys(columns, float("nan")))
+        for _, r in group.iterrows():
+            row[f"{label(r[key])} x"] = float(r[value]) / float(best[value])
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*by, "fastest", "tied_with_fastest", "fastest_ms",
+                                       *columns])

@@ -170,3 +170,13 @@ def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
         assert "unknown argument" in proc.stderr
     else:
         assert "missing: pytest ruff yaml" in proc.stderr
+
+
+def test_readme_layout_lists_every_helper_module_and_no_other():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Repository layout", 1)[1].split("```", 2)[1]
+    listed = set(re.findall(r"^  ([a-z_]+\.py)\b", block, re.M))
+    on_disk = {p.name for p in (ROOT / "helpers").glob("*.py") if p.name != "__init__.py"}
+    on_disk |= {p.name for p in (ROOT / "coursetools").glob("*.py") if p.name != "__init__.py"}
+    assert listed == on_disk
+    assert len(list((ROOT / "helpers").rglob("*.py"))) - 1 <= 14, "helpers/ holds at most 14"

@@ -1,0 +1,317 @@
+"""Notebook 02: measuring AdamW implementations the notebook builds, never building them.
+
+The candidates are factories written in the notebook's cells (a dict name -> ``lambda p:
+Optimizer(p, **hp)``); every function here takes them. Each candidate gets fresh copies of one
+model's parameters and the same seeded gradients, so only the update differs. Gradients are
+assigned, never computed: the timed region is ``optimizer.step()`` alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from helpers import bench, ceilings, kernels, machine, verdicts
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Factory = Callable[[list], torch.optim.Optimizer]
+
+
+# ------------------------------------------------------------------ the workload
+def build_model(hidden: int, blocks: int, device: torch.device | str = "cpu",
+                seed: int = 0) -> nn.Sequential:
+    """A stack of Transformer-shaped blocks (LayerNorm, QKV, projection, LayerNorm, MLP):
+    12*h^2 + 13*h parameters in 12 tensors per block. Only its parameters are used."""
+    torch.manual_seed(seed)
+    h = hidden
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.LayerNorm(h, device=device), nn.Linear(h, 3 * h, device=device),
+                   nn.Linear(h, h, device=device), nn.LayerNorm(h, device=device),
+                   nn.Linear(h, 4 * h, device=device), nn.Linear(4 * h, h, device=device)]
+    return nn.Sequential(*layers)
+
+
+def expected_size(hidden: int, blocks: int) -> tuple[int, int]:
+    """(parameters, tensors) of :func:`build_model`, from the formula."""
+    return blocks * (12 * hidden * hidden + 13 * hidden), 12 * blocks
+
+
+def split_shapes(total: int, n_tensors: int) -> list[tuple[int]]:
+    """``total`` parameters as ``n_tensors`` 1-D tensors of equal size (total must divide)."""
+    if n_tensors < 1 or total % n_tensors:
+        raise ValueError(f"{total} parameters do not split into {n_tensors} equal tensors")
+    return [(total // n_tensors,)] * n_tensors
+
+
+def make_grads(shapes: list, seed: int, device: torch.device | str,
+               dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Gradients from a seeded generator (drawn in fp32, then cast), identical on every call."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(s, generator=gen, device=device).to(dtype) for s in shapes]
+
+
+def fresh_params(source: list[torch.Tensor],
+                 dtype: torch.dtype | None = None) -> list[nn.Parameter]:
+    """Independent leaf copies of ``source`` (optionally cast), ready for an optimizer."""
+    return [nn.Parameter(p.detach().clone().to(dtype or p.dtype)) for p in source]
+
+
+@dataclass
+class Workload:
+    """Parameters and gradients shared by every timed candidate."""
+
+    params: list[torch.Tensor]
+    grads: list[torch.Tensor]
+
+    @property
+    def numel(self) -> int:
+        """Total number of parameters."""
+        return sum(p.numel() for p in self.params)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live."""
+        return self.params[0].device
+
+    def prepared(self, factory: Factory) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+        """Fresh parameters holding the shared gradients, and ``factory``'s optimizer over them."""
+        params = fresh_params(self.params)
+        for p, g in zip(params, self.grads, strict=True):
+            p.grad = g
+        return params, factory(params)
+
+
+def workload(params: list[torch.Tensor], seed: int = 1) -> Workload:
+    """A :class:`Workload` over ``params`` with seeded gradients of the parameters' dtype."""
+    return Workload(params, make_grads([p.shape for p in params], seed, params[0].device,
+                                       params[0].dtype))
+
+
+def cannot_step(factory: Factory, device: torch.device | str) -> str | None:
+    """None when ``factory``'s optimizer steps on ``device``, else the one-line reason."""
+    p = nn.Parameter(torch.zeros(4, device=device))
+    p.grad = torch.ones_like(p)
+    try:
+        factory([p]).step()
+    except (RuntimeError, TypeError, ValueError) as exc:
+        return machine.one_line(exc)
+    return None
+
+
+# ------------------------------------------------------------------ correctness
+def run_steps(factory: Factory, source: list[torch.Tensor], steps: int, *, seed: int = 0,
+              dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Parameters after ``steps`` steps of ``factory``'s optimizer from copies of ``source``
+    (cast to ``dtype``); step k uses the gradients of seed ``seed + k``."""
+    params = fresh_params(source, dtype)
+    optimizer = factory(params)
+    shapes = [p.shape for p in params]
+    for k in range(steps):
+        for p, g in zip(params, make_grads(shapes, seed + k, params[0].device, params[0].dtype),
+                        strict=True):
+            p.grad = g
+        optimizer.step()
+    return [p.detach() for p in params]
+
+
+def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Largest element-wise difference between two parameter lists (in float64)."""
+    return max(float((x.double() - y.double()).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+def correctness(optimizers: dict[str, Factory], source: list[torch.Tensor], steps: int, *,
+                reference: Factory, atol: float) -> pd.DataFrame:
+    """Each candidate's parameters after ``steps`` steps against ``reference`` run in fp32 and
+    in float64 (the same factory on float64 copies); ``ok`` when within ``atol`` of float64."""
+    import pandas as pd
+
+    ref64 = run_steps(reference, source, steps, dtype=torch.float64)
+    ref32 = run_steps(reference, source, steps)
+    rows = []
+    for name, factory in optimizers.items():
+        got = run_steps(factory, source, steps)
+        err64 = max_abs_diff(got, ref64)
+        rows.append({"candidate": name, "steps": steps,
+                     "max_abs_vs_ref_fp32": max_abs_diff(got, ref32),
+                     "max_abs_vs_ref_float64": err64, "atol": atol, "ok": err64 <= atol})
+        del got
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ timing
+def step_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Minimum bytes one step of ``optimizer`` moves, read from its tensors after a step:
+    each parameter read and written, its gradient read, and each state tensor of the
+    parameter's size (the moments, in whatever dtype the optimizer keeps them) read and
+    written. fp32 AdamW: 2 x 4 (param) + 4 (grad) + 2 x 2 x 4 (moments) = 28 B per parameter."""
+    total = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            total += 2 * p.numel() * p.element_size() + p.grad.numel() * p.grad.element_size()
+            for value in optimizer.state.get(p, {}).values():
+                if torch.is_tensor(value) and value.numel() == p.numel():
+                    total += 2 * value.numel() * value.element_size()
+    return total
+
+
+def time_optimizers(optimizers: dict[str, Factory], work: Workload, *, warmup: int,
+                    repeats: int) -> list[bench.Timing]:
+    """Time ``optimizer.step()`` of each factory's optimizer over ``work`` (state created by the
+    warm-up steps); each timing's meta holds the step's minimum bytes (:func:`step_bytes`)."""
+    if warmup < 1:
+        raise ValueError("warmup must be >= 1: the first step allocates the optimizer state")
+    timings = []
+    for name, factory in optimizers.items():
+        _, optimizer = work.prepared(factory)
+        timing = bench.benchmark(optimizer.step, label=name, warmup=warmup, repeats=repeats,
+                                 device=work.device)
+        timing.meta["bytes_per_step"] = step_bytes(optimizer)
+        timings.append(timing)
+        del optimizer
+    return timings
+
+
+def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float,
+               baselines: tuple[str, ...] = ("foreach", "for-loop")) -> pd.DataFrame:
+    """The 02_optimizer_step table: medians, IQR, bandwidth and speed-ups per candidate.
+
+    Bandwidth counts each candidate's minimum bytes (meta ``bytes_per_step``), whatever the
+    implementation actually moves; one ``speedup_vs_<name>`` column per baseline measured."""
+    import pandas as pd
+
+    df = pd.DataFrame([t.as_row() for t in timings]).rename(columns={"label": "candidate"})
+    df["bytes_per_param"] = df["bytes_per_step"] / numel
+    df["gbps"] = [ceilings.bandwidth_gbps(b, ms)
+                  for b, ms in zip(df["bytes_per_step"], df["median_ms"], strict=True)]
+    df["pct_of_copy_ceiling"] = [ceilings.pct_of(g, copy_gbps) for g in df["gbps"]]
+    cols = ["candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps", "pct_of_copy_ceiling"]
+    for base in baselines:
+        ref = df.loc[df["candidate"] == base, "median_ms"]
+        if not ref.empty:
+            col = f"speedup_vs_{base.replace('-', '')}"
+            df[col] = float(ref.iloc[0]) / df["median_ms"]
+            cols.append(col)
+    return df[cols + [c for c in df.columns if c not in cols]]
+
+
+def comparison_table(df, pairs: Iterable[tuple[str, str]]) -> pd.DataFrame:
+    """One row per measured pair (a, b): both medians, b's time over a's and the verdict
+    ("faster", "slower", "indistinguishable") of a against b, with the course's tie rule."""
+    import pandas as pd
+
+    rows = []
+    names = set(df["candidate"])
+    by = df.set_index("candidate")
+    for a, b in pairs:
+        if a not in names or b not in names:
+            continue
+        ra, rb = by.loc[a], by.loc[b]
+        tie = verdicts.is_tie(float(ra.median_ms), float(rb.median_ms),
+                              a_iqr=(float(ra.q1_ms), float(ra.q3_ms)),
+                              b_iqr=(float(rb.q1_ms), float(rb.q3_ms)))
+        word = ("indistinguishable" if tie
+                else "faster" if ra.median_ms < rb.median_ms else "slower")
+        rows.append({"candidate": a, "vs": b, "candidate_ms": float(ra.median_ms),
+                     "vs_ms": float(rb.median_ms),
+                     "speedup": float(rb.median_ms) / float(ra.median_ms), "verdict": word})
+    return pd.DataFrame(rows, columns=["candidate", "vs", "candidate_ms", "vs_ms", "speedup",
+                                       "verdict"])
+
+
+# ------------------------------------------------------------------ kernels and the sweep
+def kernel_table(optimizers: dict[str, Factory], work: Workload) -> pd.DataFrame:
+    """Per candidate: kernels (CUDA) or top-level ops (CPU) launched by one step."""
+    import pandas as pd
+
+    rows = []
+    for name, factory in optimizers.items():
+        _, optimizer = work.prepared(factory)
+        optimizer.step()  # creates the state outside the profiled step
+        counts = kernels.count_kernels(optimizer.step, work.device)
+        rows.append({"candidate": name, "tensors": len(work.params), **counts})
+    return pd.DataFrame(rows).rename(columns={"per_call": "per_step"})
+
+
+def tensor_count_sweep(optimizers: dict[str, Factory], total: int, counts: list[int],
+                       device: torch.device | str, *, warmup: int, repeats: int,
+                       progress: Callable | None = None) -> pd.DataFrame:
+    """Step time of each candidate with ``total`` parameters split into each of ``counts``."""
+    import pandas as pd
+
+    rows = []
+    for n in progress(counts, desc="tensor counts") if progress else counts:
+        params = make_grads(split_shapes(total, n), seed=2, device=device)  # random values
+        work = workload(params)
+        for t in time_optimizers(optimizers, work, warmup=warmup, repeats=repeats):
+            rows.append({"tensors": n, "params_per_tensor": total // n, "candidate": t.label,
+                         "median_ms": t.median_ms, "q1_ms": t.q1_ms, "q3_ms": t.q3_ms})
+        del work, params
+    return pd.DataFrame(rows)
+
+
+def sweep_reading(df) -> pd.DataFrame:
+    """Per candidate: the step time with the fewest and with the most tensors, and their ratio
+    (how much longer the same parameter count takes when split into more tensors)."""
+    import pandas as pd
+
+    lo, hi = int(df["tensors"].min()), int(df["tensors"].max())
+    rows = []
+    for name, group in df.groupby("candidate", sort=False):
+        a = float(group.loc[group["tensors"] == lo, "median_ms"].iloc[0])
+        b = float(group.loc[group["tensors"] == hi, "median_ms"].iloc[0])
+        rows.append({"candidate": name, f"ms_at_{lo}_tensors": a, f"ms_at_{hi}_tensors": b,
+                     "slowdown": b / a})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ gotchas
+def probe(cls: type, device: torch.device | str) -> dict[str, str]:
+    """Facts about the optimizer class ``cls``, found by running it on tiny tensors (its own
+    defaults on purpose: the defaults are what differs)."""
+    def param(dtype: torch.dtype = torch.float32) -> nn.Parameter:
+        p = nn.Parameter(torch.zeros(8, device=device, dtype=dtype))
+        p.grad = torch.ones_like(p)
+        return p
+
+    facts = {"default weight_decay": str(cls([param()]).defaults["weight_decay"])}
+    p = param()
+    optimizer = cls([p])
+    optimizer.step()
+    facts["step counter in"] = ("state[p]['step']" if "step" in optimizer.state[p]
+                                else "param_groups[i]['step']")
+    try:
+        optimizer.zero_grad(set_to_none=True)
+        facts["zero_grad(set_to_none=True)"] = f"works (grad is None: {p.grad is None})"
+    except TypeError as exc:
+        facts["zero_grad(set_to_none=True)"] = machine.one_line(exc)
+    b = param(torch.bfloat16)
+    optimizer = cls([b])
+    optimizer.step()
+    facts["exp_avg dtype, bf16 params"] = str(optimizer.state[b]["exp_avg"].dtype).replace(
+        "torch.", "")
+    try:
+        cls([param(torch.float16)], master_weights=True)
+        facts["master_weights=True alone"] = "accepted"
+    except TypeError as exc:
+        facts["master_weights=True alone"] = ("no such argument" if "unexpected keyword"
+                                              in str(exc) else machine.one_line(exc))
+    except RuntimeError as exc:
+        facts["master_weights=True alone"] = machine.one_line(exc)
+    return facts
+
+
+def gotchas(classes: dict[str, type], device: torch.device | str) -> pd.DataFrame:
+    """One column per optimizer class (as the notebook imported it), one row per probed fact."""
+    import pandas as pd
+
+    columns = {name: probe(cls, device) for name, cls in classes.items()}
+    return pd.DataFrame(columns).rename_axis("question").reset_index()
