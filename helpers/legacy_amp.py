@@ -1,0 +1,643 @@
+"""Notebook 04's plumbing (nothing here is taught): the opt-level map, the seeded model and data
+both processes train, what a run recorded (dtypes, loss scales), the overflow and dtype checks,
+and the child process that runs the legacy ``apex.amp`` script the notebook writes.
+
+Apex removed ``apex.amp`` in 2025, so the course installs the last commit that has it into its
+own folder (``./build_apex.sh --legacy-only``). That folder must never shadow the modern Apex,
+so the legacy script runs in a child process (:func:`launch`) with the folder first on its
+``PYTHONPATH``. The script itself - ``amp.initialize``, ``amp.scale_loss`` and the O0-O3 loop -
+is a cell of the notebook; it uses :class:`Child` to read its plan and write its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.abc
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from helpers import bench, machine
+from helpers.results import atomic_write_text
+
+OPT_LEVELS = ("O0", "O1", "O2", "O3")
+
+# ------------------------------------------------------------------ the migration map
+REMOVAL = {"commit": "cb65b8ed", "pull_request": "NVIDIA/apex#1896", "date": "2025-05-08",
+           "last_commit_with_amp": "e13873debc4699d39c6861074b9a3b2a02327f92"}
+
+# Per opt level: what it cast, where the master weights lived, how the loss was scaled, and
+# the torch.amp code that replaces it. ``options`` are the defaults the legacy
+# ``apex.amp.frontend`` sets; the notebook compares them with what the legacy Apex reports.
+MIGRATION: list[dict] = [
+    {"opt_level": "O0",
+     "what_it_cast": "nothing: fp32 weights and fp32 math (the baseline)",
+     "master_weights": "none needed: the fp32 model weights",
+     "loss_scaling": "none (static 1.0)",
+     "torch_amp_today": "plain fp32 training: no autocast, no GradScaler",
+     "options": {"cast_model_type": "float32", "patch_torch_functions": False,
+                 "keep_batchnorm_fp32": None, "master_weights": False, "loss_scale": 1.0}},
+    {"opt_level": "O1",
+     "what_it_cast": "patched torch functions: matmul/linear/conv inputs to fp16; softmax, "
+                     "norms, exp/log, reductions and losses to fp32; weights stay fp32",
+     "master_weights": "none needed: the fp32 model weights",
+     "loss_scaling": "dynamic (start 2**16, halve on overflow and skip the step, "
+                     "double after 2000 clean steps)",
+     "torch_amp_today": "with torch.autocast('cuda', dtype=torch.float16): loss = ...; "
+                        "scaler = torch.amp.GradScaler('cuda'); "
+                        "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()  "
+                        "# or dtype=torch.bfloat16 without a scaler",
+     "options": {"cast_model_type": None, "patch_torch_functions": True,
+                 "keep_batchnorm_fp32": None, "master_weights": None,
+                 "loss_scale": "dynamic"}},
+    {"opt_level": "O2",
+     "what_it_cast": "the model itself to fp16 (BatchNorm kept fp32); inputs cast to fp16 "
+                     "and outputs to fp32 by a patched forward",
+     "master_weights": "fp32 copies inside the optimizer (amp swapped its param groups)",
+     "loss_scaling": "dynamic (as O1)",
+     "torch_amp_today": "same code as O1: the fp32 model's weights are the master copies "
+                        "and autocast casts them per op; hand-written fp16 weights + fp32 "
+                        "masters only where weight memory must shrink",
+     "options": {"cast_model_type": "float16", "patch_torch_functions": False,
+                 "keep_batchnorm_fp32": True, "master_weights": True,
+                 "loss_scale": "dynamic"}},
+    {"opt_level": "O3",
+     "what_it_cast": "everything to fp16, BatchNorm included (pure fp16)",
+     "master_weights": "none: the optimizer updates fp16 weights",
+     "loss_scaling": "none (static 1.0)",
+     "torch_amp_today": "no torch.amp equivalent on purpose; model.half() by hand if you "
+                        "must, or bf16 weights with fp32 master copies",
+     "options": {"cast_model_type": "float16", "patch_torch_functions": False,
+                 "keep_batchnorm_fp32": False, "master_weights": False, "loss_scale": 1.0}},
+]
+
+# Compute capability per GPU generation (examples are common parts of that generation).
+GPU_GENERATIONS: list[tuple[str, str, tuple[int, int]]] = [
+    ("Volta", "V100", (7, 0)), ("Turing", "T4, RTX 20xx", (7, 5)),
+    ("Ampere", "A100, A30", (8, 0)), ("Ampere", "A10, A40, RTX 30xx", (8, 6)),
+    ("Ada Lovelace", "L4, L40S, RTX 40xx", (8, 9)), ("Hopper", "H100, H200", (9, 0)),
+    ("Blackwell", "B200, GB200", (10, 0)), ("Blackwell", "RTX 50xx, RTX PRO 6000", (12, 0)),
+]
+
+
+def bf16_native(capability: tuple[int, int]) -> bool:
+    """True when a GPU of this compute capability has bf16 tensor cores (8.0 or newer)."""
+    return tuple(capability) >= (8, 0)
+
+
+def migration_table():
+    """The migration map as a pandas table (one row per opt level)."""
+    import pandas as pd
+
+    cols = ["opt_level", "what_it_cast", "master_weights", "loss_scaling", "torch_amp_today"]
+    return pd.DataFrame([{c: row[c] for c in cols} for row in MIGRATION])
+
+
+def bf16_table():
+    """Which GPU generations have native bf16, plus a row for this machine, computed."""
+    import pandas as pd
+
+    rows = [{"generation": gen, "examples": ex, "compute_capability": f"{cc[0]}.{cc[1]}",
+             "bf16_native": bf16_native(cc)} for gen, ex, cc in GPU_GENERATIONS]
+    if torch.cuda.is_available():
+        cc = torch.cuda.get_device_capability()
+        rows.append({"generation": "this machine", "examples": torch.cuda.get_device_name(),
+                     "compute_capability": f"{cc[0]}.{cc[1]}", "bf16_native": bf16_native(cc)})
+    else:
+        rows.append({"generation": "this machine", "examples": "no CUDA GPU (CPU autocast "
+                     "runs bf16 in software)", "compute_capability": "-", "bf16_native": False})
+    return pd.DataFrame(rows)
+
+
+def options_check(reported: dict[str, dict]) -> list[dict]:
+    """Compare the options each opt level set in the legacy Apex (``reported``: level ->
+    options) with the map above; one row per (level, option) with ``matches``."""
+    rows = []
+    for entry in MIGRATION:
+        got = reported.get(entry["opt_level"])
+        if got is None:
+            continue
+        for key, expected in entry["options"].items():
+            rows.append({"opt_level": entry["opt_level"], "option": key, "map_says": expected,
+                         "apex_set": got.get(key), "matches": got.get(key) == expected})
+    return rows
+
+
+def apex_amp_import() -> str:
+    """What ``from apex import amp`` does in this process: 'ok (...)' or the one-line error."""
+    try:
+        apex = importlib.import_module("apex")
+        from apex import amp  # noqa: F401
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"ok: apex.amp imports (from {apex.__file__})"
+
+
+# ------------------------------------------------------------------ one model, one data set
+@dataclass(frozen=True)
+class TrainConfig:
+    """Sizes and seeds of the notebook's training problem (an MLP classifier)."""
+
+    steps: int = 100
+    batch: int = 2048
+    d_in: int = 1024
+    hidden: int = 4096
+    depth: int = 3          # hidden Linear layers (each followed by GELU)
+    classes: int = 64
+    pool: int = 16          # distinct batches; step k trains on batch k % pool
+    lr: float = 1e-4        # Adam; 1e-3 makes this 4096-wide MLP jump on its first steps
+    adam_eps: float = 1e-8  # Adam's eps (torch's default); pure fp16 (O3) needs a larger one
+    seed: int = 0
+    warmup_steps: int = 5   # first steps left out of the step-time median
+
+    @classmethod
+    def smoke(cls) -> TrainConfig:
+        """Tiny sizes for the CPU smoke run."""
+        return cls(steps=30, batch=64, d_in=32, hidden=64, depth=2, classes=8, pool=4, lr=3e-3)
+
+    def to_json(self) -> str:
+        """The config as a JSON string (how the child process receives it)."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """Inverse of :meth:`to_json`."""
+        return cls(**json.loads(text))
+
+
+def make_model(cfg: TrainConfig) -> nn.Sequential:
+    """Linear+GELU blocks, a LayerNorm and a classifier head; seeded, built in fp32 on the CPU."""
+    torch.manual_seed(cfg.seed)
+    layers: list[nn.Module] = [nn.Linear(cfg.d_in, cfg.hidden), nn.GELU()]
+    for _ in range(cfg.depth - 1):
+        layers += [nn.Linear(cfg.hidden, cfg.hidden), nn.GELU()]
+    layers += [nn.LayerNorm(cfg.hidden), nn.Linear(cfg.hidden, cfg.classes)]
+    return nn.Sequential(*layers)
+
+
+def make_batches(cfg: TrainConfig, device: torch.device | str) -> list[tuple[torch.Tensor, ...]]:
+    """``cfg.pool`` batches of Gaussian inputs labelled by a fixed random linear teacher."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    teacher = torch.randn(cfg.d_in, cfg.classes, generator=gen)
+    batches = []
+    for _ in range(cfg.pool):
+        x = torch.randn(cfg.batch, cfg.d_in, generator=gen)
+        batches.append((x.to(device), (x @ teacher).argmax(dim=1).to(device)))
+    return batches
+
+
+def first_linear(model: nn.Module) -> nn.Linear:
+    """The model's first Linear layer, whose output dtype the runs report."""
+    return next(m for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """'float16' for torch.float16; '' for None."""
+    return str(dtype).replace("torch.", "") if dtype is not None else ""
+
+
+# ------------------------------------------------------------------ what a run did
+class Recorder:
+    """Reads what a run does without changing it: the first Linear's output dtype, and the loss
+    scale after every step (pass ``after_step`` to ``bench.train``; reading the scale waits for
+    the GPU, outside the timed window)."""
+
+    def __init__(self, model: nn.Module, scale: Callable[[], float] | None = None) -> None:
+        self.model, self.scale = model, scale
+        self.scales: list[float] = []
+        self.activation: torch.dtype | None = None
+        self._hook = first_linear(model).register_forward_hook(self._seen)
+
+    def _seen(self, _module, _inputs, out) -> None:  # a forward hook must return None
+        if self.activation is None:
+            self.activation = out.dtype
+
+    def after_step(self, _i: int, _loss: torch.Tensor) -> None:
+        """Record the loss scale (when the run has one)."""
+        if self.scale is not None:
+            self.scales.append(float(self.scale()))
+
+    def finish(self, run: bench.Run, peak: bench.Peak, optimizer: torch.optim.Optimizer, *,
+               api: str, recipe: str) -> bench.Run:
+        """Put the peak memory, the dtypes and the loss scales into ``run`` and return it."""
+        self._hook.remove()
+        run.peak_mem_gib = peak.gib
+        run.extra.update(
+            api=api, opt_level_or_recipe=recipe,
+            param_dtype=dtype_name(next(self.model.parameters()).dtype),
+            master_dtype=dtype_name(optimizer.param_groups[0]["params"][0].dtype),
+            activation_dtype=dtype_name(self.activation), loss_scales=self.scales,
+            loss_scale_final=self.scales[-1] if self.scales else math.nan)
+        return run
+
+
+def failed_run(label: str, api: str, recipe: str, error: str, device: str) -> bench.Run:
+    """A run that did not happen, with its one-line reason."""
+    return bench.Run(label, device, error=error,
+                     extra={"api": api, "opt_level_or_recipe": recipe})
+
+
+def scale_traces(runs: list[bench.Run]):
+    """One row per run with a loss scale: where it started and ended, and at which steps it
+    was halved (an overflow: that step was skipped) or grown."""
+    import pandas as pd
+
+    rows = []
+    for r in runs:
+        s = r.extra.get("loss_scales") or []
+        if not s:
+            continue
+        rows.append({"run": r.label, "scale_first_step": s[0], "scale_final": s[-1],
+                     "scale_min": min(s),
+                     "halved_at_steps": [i for i in range(1, len(s)) if s[i] < s[i - 1]],
+                     "grown_at_steps": [i for i in range(1, len(s)) if s[i] > s[i - 1]]})
+    return pd.DataFrame(rows, columns=["run", "scale_first_step", "scale_final", "scale_min",
+                                       "halved_at_steps", "grown_at_steps"])
+
+
+# ------------------------------------------------------------------ checks
+class InfGradOnce:
+    """A gradient hook that, once armed, turns one element of the next gradient into +inf."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.fired = False
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor | None:
+        if not self.armed:
+            return None
+        self.armed, self.fired = False, True
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+
+def overflow_probe(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], model: nn.Module,
+                   optimizer: torch.optim.Optimizer, scale: Callable[[], float] | None,
+                   batches, *, warm: int = 3) -> dict:
+    """Train ``warm`` steps of ``step(x, y)``, then force an inf into the first Linear's weight
+    gradient for one step and report the loss scale before/after and whether that step changed
+    any parameter (the model's and the optimizer's, i.e. master copies). One more clean step
+    checks that training resumes."""
+    if scale is None:
+        raise ValueError("overflow_probe needs a run with a loss scaler")
+    params = list(model.parameters()) + [p for g in optimizer.param_groups for p in g["params"]]
+    inject = InfGradOnce()
+    handle = first_linear(model).weight.register_hook(inject)
+    try:
+        for i in range(warm):
+            step(*batches[i % len(batches)])
+        before = [t.detach().clone() for t in params]
+        scale_before = float(scale())
+        inject.armed = True
+        step(*batches[warm % len(batches)])
+        scale_after = float(scale())
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, params, strict=True))
+        step(*batches[(warm + 1) % len(batches)])
+        resumed = any(not torch.equal(a, b) for a, b in zip(before, params, strict=True))
+    finally:
+        handle.remove()
+    return {"inf_injected": inject.fired, "loss_scale_before": scale_before,
+            "loss_scale_after": scale_after, "scale_halved": scale_after == scale_before / 2,
+            "params_unchanged": unchanged, "next_step_updates": resumed}
+
+
+def gradient_representability(cfg: TrainConfig, batch, device: torch.device | str,
+                              scales: tuple[float, ...] = (1.0, 2.0**16)) -> list[dict]:
+    """Fresh fp32 model, one fp32 backward: the share of non-zero gradient values that become 0
+    (underflow) or inf (overflow) when cast to fp16 after multiplying by each loss scale, and
+    when cast to bf16 unscaled."""
+    model = make_model(cfg).to(device)
+    x, y = batch
+    F.cross_entropy(model(x), y).backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    nonzero = grads != 0
+    n = max(int(nonzero.sum()), 1)
+    rows = []
+    for dtype, scale in [(torch.float16, s) for s in scales] + [(torch.bfloat16, 1.0)]:
+        cast = (grads * scale).to(dtype)
+        rows.append({"format": dtype_name(dtype), "loss_scale": scale,
+                     "underflow_pct": 100.0 * int(((cast == 0) & nonzero).sum()) / n,
+                     "overflow_pct": 100.0 * int(torch.isinf(cast).sum()) / n,
+                     "grad_abs_median": float(grads[nonzero].abs().median())})
+    return rows
+
+
+def _probe_ops() -> dict[str, Callable]:
+    """Matmuls take fp32 inputs (weights are fp32); the pointwise, reduction and loss ops take
+    a half-precision activation ``h``, as a previous matmul would produce it."""
+    return {
+        "linear": lambda a, w, h, y: F.linear(a, w),
+        "matmul": lambda a, w, h, y: a @ w.t(),
+        "gelu": lambda a, w, h, y: F.gelu(h),
+        "softmax": lambda a, w, h, y: F.softmax(h, dim=-1),
+        "layer_norm": lambda a, w, h, y: F.layer_norm(h, h.shape[-1:]),
+        "exp": lambda a, w, h, y: torch.exp(h),
+        "sum": lambda a, w, h, y: h.sum(),
+        "cross_entropy": lambda a, w, h, y: F.cross_entropy(h, y),
+    }
+
+
+def op_output_dtypes(device: torch.device | str, low: torch.dtype,
+                     context: Callable[[], contextlib.AbstractContextManager] | None = None
+                     ) -> dict[str, str]:
+    """Output dtype of each probe op inside ``context()`` (e.g. ``torch.autocast``; None: no
+    context, as under apex O1 whose patches are always on)."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 16, generator=gen).to(dev)
+    w = torch.randn(16, 16, generator=gen).to(dev)
+    h = torch.randn(8, 16, generator=gen).to(dev, low)
+    y = torch.randint(0, 16, (8,), generator=gen).to(dev)
+    out = {}
+    for name, fn in _probe_ops().items():
+        with context() if context is not None else contextlib.nullcontext():
+            try:
+                out[name] = dtype_name(fn(a, w, h, y).dtype)
+            except Exception as exc:  # an op the backend lacks in this dtype
+                out[name] = f"error: {type(exc).__name__}"
+    return out
+
+
+# ------------------------------------------------------------------ the child's side
+# Compiled modules of a modern Apex build that the legacy Python code would pick up from
+# site-packages (amp_C for loss scaling; apex_C and syncbn are imported by apex.parallel).
+# Hidden: the legacy install is Python-only, and kernels built from another commit must not
+# run under its Python code.
+COMPILED_APEX_MODULES = ("amp_C", "apex_C", "syncbn")
+LEGACY_DIR_VAR = "COURSE_LEGACY_AMP_DIR"
+
+
+def _originals() -> dict[str, object]:
+    return {"F.linear": F.linear, "F.softmax": F.softmax, "torch.matmul": torch.matmul,
+            "Tensor.__matmul__": torch.Tensor.__matmul__, "Tensor.sum": torch.Tensor.sum}
+
+
+ORIGINALS = _originals()  # taken when this module is imported, before apex.amp patches them
+
+
+def reset_amp() -> bool:
+    """Undo what ``amp.initialize`` left in the process (O1's patches of torch functions, the
+    loss scalers, the options) so the next opt level starts clean; True when the patched
+    functions are the originals again."""
+    from apex import amp
+
+    state = amp._amp_state
+    handle = getattr(state, "handle", None)
+    for mod, name, fn in reversed(getattr(handle, "_all_wrappers", [])):
+        if isinstance(mod, dict):
+            mod[name] = fn
+        else:
+            setattr(mod, name, fn)
+    if handle is not None:
+        handle._all_wrappers = []
+        del state.handle
+    sys.modules["apex.amp.amp"]._DECORATOR_HANDLE = None
+    state.loss_scalers = []
+    if hasattr(state, "opt_properties"):
+        del state.opt_properties
+    return all(_originals()[k] is v for k, v in ORIGINALS.items())
+
+
+def jsonable_options(options: dict) -> dict:
+    """amp's options with dtypes written by name."""
+    return {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in options.items()}
+
+
+def first_sentence(text: str) -> str:
+    """``text`` up to the end of its first sentence (a '.', '!' or '?' followed by a space or
+    the end); the whole text when there is none."""
+    match = re.match(r"(.+?[.!?])(?=\s|$)", text.strip())
+    return match.group(1) if match else text.strip()
+
+
+class _HideModules(importlib.abc.MetaPathFinder):
+    """Makes ``import NAME`` fail for the given top-level names."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = set(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in self.names:
+            raise ImportError(f"{fullname} is hidden: the legacy apex.amp runs Python-only")
+        return None
+
+
+def o3_label(eps: float) -> str:
+    """The name of an O3 run with Adam's eps raised to ``eps``, e.g. 'O3 eps=0.001'."""
+    return f"O3 eps={eps:g}"
+
+
+def check_eps(values) -> tuple[float, ...]:
+    """``o3_eps`` as a tuple of floats in (0, 1); one float becomes a one-value tuple."""
+    if isinstance(values, int | float):
+        values = (values,)
+    try:
+        values = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise machine.CourseError(f"o3_eps = {values!r} is not a number or a tuple of numbers: "
+                                  "write e.g. o3_eps = (1e-4, 1e-3).") from None
+    bad = [v for v in values if not 0 < v < 1]
+    if bad:
+        raise machine.CourseError(f"o3_eps must hold Adam eps values between 0 and 1, not "
+                                  f"{bad}: write e.g. o3_eps = (1e-4, 1e-3).")
+    return values
+
+
+class Child:
+    """The legacy script's side: the plan the launcher passed, amp's import, one level at a
+    time (warnings and failures caught, amp reset), and the JSON written at the end."""
+
+    def __init__(self, plan: dict, out: Path) -> None:
+        self.cfg = TrainConfig(**plan["config"])
+        self.device = torch.device(plan.get("device", "cpu"))
+        self.levels = list(plan.get("levels", []))
+        self.o3_eps = [float(e) for e in plan.get("o3_eps", [])]
+        self.overflow_levels = list(plan.get("overflow_levels", []))
+        self.out = out
+        self.start = time.perf_counter()
+        self.import_error = ""
+        self.payload: dict = {"meta": {"python": sys.version.split()[0],
+                                       "torch": torch.__version__, "device": self.device.type,
+                                       "plan": plan, "pid": os.getpid()},
+                              "runs": [], "overflow": [], "levels": {}, "import_error": ""}
+
+    @classmethod
+    def from_argv(cls, argv: list[str] | None = None) -> Child:
+        """Read ``--plan JSON --out PATH`` (what :func:`launch` passes); refuse unknown levels."""
+        parser = argparse.ArgumentParser(description="the legacy apex.amp script of notebook 04")
+        parser.add_argument("--plan", required=True, help="JSON: config, levels, o3_eps, ...")
+        parser.add_argument("--out", type=Path, required=True, help="the JSON result")
+        args = parser.parse_args(argv)
+        plan = json.loads(args.plan)
+        bad = [lvl for lvl in plan.get("levels", []) + plan.get("overflow_levels", [])
+               if lvl not in OPT_LEVELS]
+        if bad:
+            parser.error(f"unknown opt level {', '.join(bad)}: use {', '.join(OPT_LEVELS)}")
+        try:
+            check_eps(plan.get("o3_eps", []))
+        except machine.CourseError as exc:
+            parser.error(str(exc))
+        return cls(plan, args.out)
+
+    @property
+    def wants_legacy(self) -> bool:
+        """True when the plan asks for any legacy run."""
+        return bool(self.levels or self.o3_eps or self.overflow_levels)
+
+    def import_legacy_amp(self):
+        """``apex.amp`` from the legacy install (compiled kernels hidden), or None with the
+        one-line reason recorded for every planned level."""
+        try:
+            sys.meta_path.insert(0, _HideModules(COMPILED_APEX_MODULES))
+            import apex
+            from apex import amp
+            from apex.multi_tensor_apply import multi_tensor_applier
+
+            where = str(Path(apex.__file__).resolve().parent)
+            legacy_dir = os.environ.get(LEGACY_DIR_VAR)
+            if legacy_dir and not where.startswith(str(Path(legacy_dir).resolve()) + os.sep):
+                raise ImportError(f"apex was imported from {where}, not from the legacy "
+                                  f"install {legacy_dir}; put that folder first on PYTHONPATH")
+            self.payload["meta"].update(apex_path=where,
+                                        fused_kernels=bool(multi_tensor_applier.available))
+            return amp
+        except Exception as exc:
+            self.import_error = self.payload["import_error"] = machine.one_line(exc, 300)
+            return None
+
+    def legacy_runs(self) -> Iterator[tuple[str, str, float]]:
+        """(label, opt level, Adam eps) of every planned legacy run: O0-O3 as asked, then O3
+        once per ``o3_eps``. After a failed import, each is recorded as failed instead."""
+        plan = [(lvl, lvl, self.cfg.adam_eps) for lvl in self.levels]
+        plan += [(o3_label(e), "O3", e) for e in self.o3_eps]
+        for label, level, eps in plan:
+            if self.import_error:
+                self.runs_append(failed_run(f"apex.amp {label}", "apex.amp (legacy)", label,
+                                            self.import_error, self.device.type))
+            else:
+                yield label, level, eps
+
+    def overflow_runs(self) -> Iterator[str]:
+        """The opt levels to force an overflow under (none after a failed import)."""
+        for level in self.overflow_levels:
+            if self.import_error:
+                self.payload["overflow"].append({"run": f"apex.amp {level}",
+                                                 "error": self.import_error})
+            else:
+                yield level
+
+    def runs_append(self, run: bench.Run) -> None:
+        """Add a finished run to the JSON."""
+        self.payload["runs"].append(run.to_dict())
+
+    @contextlib.contextmanager
+    def level(self, label: str, opt_level: str, eps: float) -> Iterator[dict]:
+        """One legacy run: yields a dict for what amp reported (put the run under ``"run"``);
+        warnings are recorded, a failure becomes a one-line failed run, amp is reset after."""
+        info: dict = {"opt_level": opt_level, "adam_eps": eps}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                yield info
+            except torch.cuda.OutOfMemoryError:
+                info["error"] = ("out of GPU memory at these sizes: give TrainConfig a smaller "
+                                 "batch or hidden in section 3 (or free the GPU)")
+            except Exception as exc:
+                info["error"] = machine.one_line(exc, 300)
+            finally:
+                info["restored"] = reset_amp()
+        run = info.pop("run", None)
+        if run is None or "error" in info:
+            run = failed_run(f"apex.amp {label}", "apex.amp (legacy)", label,
+                             info.get("error", "the script recorded no run"), self.device.type)
+        self.runs_append(run)
+        info["warnings"] = sorted({f"{w.category.__name__}: "
+                                   f"{(str(w.message).strip().splitlines() or [''])[0][:500]}"
+                                   for w in caught})
+        self.payload["levels"][label] = info
+
+    @contextlib.contextmanager
+    def overflow(self, opt_level: str) -> Iterator[dict]:
+        """One overflow probe: yields its row; a failure becomes the row's one-line error."""
+        row = {"run": f"apex.amp {opt_level}", "api": "apex.amp (legacy)",
+               "opt_level_or_recipe": opt_level}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                yield row
+            except Exception as exc:
+                row["error"] = machine.one_line(exc, 300)
+            finally:
+                reset_amp()
+        self.payload["overflow"].append(row)
+
+    def write(self) -> None:
+        """Write the JSON result (atomically) for the notebook to read."""
+        self.payload["meta"]["seconds"] = time.perf_counter() - self.start
+        atomic_write_text(self.out, json.dumps(self.payload, indent=1) + "\n")
+
+
+# ------------------------------------------------------------------ the notebook's side
+def launch(script: Path | str, cfg: TrainConfig, out: Path | str, *,
+           levels: tuple[str, ...] = (), o3_eps: tuple[float, ...] = (),
+           overflow_levels: tuple[str, ...] = (), legacy_dir: Path | str | None = None,
+           device: str | None = None, timeout: float = 600) -> dict:
+    """Run ``script`` in a child process and return its JSON payload plus ``returncode``,
+    ``seconds``, ``stdout`` and, when it failed, a one-line ``error``. ``legacy_dir`` goes
+    first on its PYTHONPATH (only when legacy runs are asked for), the checkout second."""
+    root = str(Path(__file__).resolve().parent.parent)
+    want_legacy = bool(levels or o3_eps or overflow_levels) and legacy_dir is not None
+    parts = ([str(legacy_dir)] if want_legacy else []) + [root]
+    parts += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(parts)))
+    env.pop(LEGACY_DIR_VAR, None)
+    if want_legacy:
+        env[LEGACY_DIR_VAR] = str(legacy_dir)
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        # On the CPU this process's idle OpenMP threads keep spinning on the same cores for a
+        # while; a single-threaded child does not stall on them at its barriers.
+        env["OMP_NUM_THREADS"] = "1"
+    plan = {"config": asdict(cfg), "levels": list(levels), "o3_eps": list(o3_eps),
+            "overflow_levels": list(overflow_levels),
+            "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
+    out = Path(out)
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, str(script), "--plan", json.dumps(plan), "--out", str(out)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the child process ran past {timeout:.0f} s and was stopped (raise "
+                         "legacy_timeout_s in the parameters cell)",
+                "returncode": None, "seconds": time.perf_counter() - start, "runs": [],
+                "stdout": ""}
+    seconds = time.perf_counter() - start
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not out.exists():
+        return {"error": lines[-1] if lines else f"child exited with {proc.returncode}",
+                "returncode": proc.returncode, "seconds": seconds, "runs": [],
+                "stdout": proc.stdout, "stderr_tail": lines[-20:]}
+    payload = json.loads(out.read_text())
+    payload.update(returncode=proc.returncode, seconds=seconds, error="", stdout=proc.stdout)
+    return payload
+
+
+def runs_of(payload: dict) -> list[bench.Run]:
+    """The payload's runs as :class:`bench.Run` objects."""
+    return [bench.Run.from_dict(r) for r in payload.get("runs", [])]
