@@ -1,22 +1,36 @@
-"""A small GPT-style decoder whose norm and attention are injected, plus its size arithmetic.
+"""Notebook 05's model, data and tables: what the chapter uses but does not teach.
 
-Token + position embeddings, pre-norm blocks (causal self-attention, then a 4x GELU MLP), a final
-norm and an output head tied to the token embedding (one matrix, used twice). The norm class and
-the attention function are arguments, so training paths differ only where they are meant to.
-Initialisation follows GPT-2: normal(0, 0.02) everywhere, residual output projections scaled by
-1/sqrt(2 * n_layer), biases zero, norms one/zero.
+- the model: a small GPT-style decoder whose norm and attention are injected (token + position
+  embeddings, pre-norm blocks of causal self-attention and a 4x GELU MLP, a final norm, an
+  output head tied to the token embedding), GPT-2's initialisation, and its size arithmetic
+  (parameter count, FLOPs per token for MFU). The notebook shows the source before using it.
+- the data: a byte-level corpus that needs no download - the Python standard library's own
+  ``.py`` sources, split by file (every 20th to validation) - and a :class:`BatchPlan` that
+  draws every batch's offsets up front from one seeded generator, so every path sees the same
+  batches in the same order, with a step-weighted checksum that proves it.
+- the readings: :func:`attempt` (one path run with its failures as one line), the bytes autograd
+  saves (:func:`saved_bytes`), and the paths / breakdown tables, the stacked time chart, the
+  verdict, the targets, the MFU limits and the summary - all computed from the run's numbers.
 """
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import math
+import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helpers import bench, ceilings, kernels, machine, verdicts
+
+# ------------------------------------------------------------------ the model
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NormFactory = Callable[[int], nn.Module]
 
@@ -189,3 +203,472 @@ def flops_per_token(cfg: GPTConfig, *, include_head: bool = True) -> int:
     """
     n = non_embedding_params(cfg) + (cfg.d_model * cfg.padded_vocab if include_head else 0)
     return 6 * n + 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+
+
+# ------------------------------------------------------------------ the data
+EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "test", "tests",
+                           "idle_test"})
+VAL_STRIDE = 20  # file i goes to validation when i % VAL_STRIDE == VAL_STRIDE - 1
+
+
+def stdlib_root() -> Path:
+    """The standard library folder of the running Python."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def source_files(root: Path | None = None, cap_bytes: int | None = None) -> list[Path]:
+    """Sorted ``.py`` files under ``root``, skipping excluded folders, up to ``cap_bytes`` total."""
+    root = root or stdlib_root()
+    files = sorted(p for p in root.rglob("*.py")
+                   if p.is_file() and not EXCLUDED_DIRS.intersection(p.relative_to(root).parts))
+    if cap_bytes is None:
+        return files
+    kept, total = [], 0
+    for path in files:
+        size = path.stat().st_size
+        if total + size > cap_bytes and kept:
+            break
+        kept.append(path)
+        total += size
+    return kept
+
+
+@dataclass
+class Corpus:
+    """Train and validation token streams (uint8 bytes) and where they came from."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    train_files: list[str]
+    val_files: list[str]
+    root: str
+
+    def describe(self) -> str:
+        """One line: sizes and source."""
+        return (f"{len(self.train_files)} train files ({self.train.numel() / 1e6:.2f} MB), "
+                f"{len(self.val_files)} validation files ({self.val.numel() / 1e6:.2f} MB) "
+                f"from {self.root}")
+
+
+def _concat(paths: list[Path]) -> torch.Tensor:
+    data = b"\n".join(p.read_bytes() for p in paths)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def load_corpus(cap_mb: float = 16.0, root: Path | None = None) -> Corpus:
+    """Read the corpus (deterministic for a given Python installation) and split it by file."""
+    root = root or stdlib_root()
+    files = source_files(root, int(cap_mb * 2**20))
+    if len(files) < VAL_STRIDE:
+        raise RuntimeError(f"only {len(files)} .py files under {root} within {cap_mb} MB; the "
+                           f"split needs at least {VAL_STRIDE}: raise cap_mb (or check that this "
+                           "is a full Python installation)")
+    val = [p for i, p in enumerate(files) if i % VAL_STRIDE == VAL_STRIDE - 1]
+    train = [p for i, p in enumerate(files) if i % VAL_STRIDE != VAL_STRIDE - 1]
+    rel = [str(p.relative_to(root)) for p in train], [str(p.relative_to(root)) for p in val]
+    return Corpus(_concat(train), _concat(val), rel[0], rel[1], str(root))
+
+
+@dataclass
+class BatchPlan:
+    """Every batch's start offsets, fixed up front: ``offsets[step]`` holds ``batch`` offsets."""
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    seq_len: int
+
+    @classmethod
+    def draw(cls, data: torch.Tensor, *, steps: int, batch: int, seq_len: int,
+             seed: int) -> BatchPlan:
+        """Draw ``steps`` x ``batch`` offsets from a generator seeded with ``seed``."""
+        if data.numel() <= seq_len + 1:
+            raise ValueError(f"corpus of {data.numel()} bytes is too short for seq_len {seq_len}")
+        gen = torch.Generator().manual_seed(seed)
+        offsets = torch.randint(0, data.numel() - seq_len - 1, (steps, batch), generator=gen)
+        return cls(data, offsets, seq_len)
+
+    @property
+    def steps(self) -> int:
+        """How many batches the plan holds."""
+        return self.offsets.shape[0]
+
+    def to(self, device: torch.device | str) -> BatchPlan:
+        """The same plan with data and offsets on ``device`` (batches then gather there)."""
+        return BatchPlan(self.data.to(device), self.offsets.to(device), self.seq_len)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-byte targets of batch ``step``, as int64 (batch, seq_len) tensors."""
+        span = torch.arange(self.seq_len + 1, device=self.data.device)
+        chunk = self.data[self.offsets[step].unsqueeze(1) + span].long()
+        return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    def fingerprint(self) -> str:
+        """A short hash of the offsets: equal fingerprints mean identical batches in order."""
+        digest = hashlib.sha256(self.offsets.cpu().numpy().tobytes())
+        digest.update(str((self.seq_len, self.data.numel())).encode())
+        return digest.hexdigest()[:16]
+
+
+def token_checksum(x: torch.Tensor) -> torch.Tensor:
+    """An order-sensitive checksum of one batch (a device tensor; no synchronisation).
+
+    Token k (flattened, from 0) is weighted by (k + 1) mod 9973, so moving tokens within the
+    batch changes the sum. int64 throughout: with byte tokens (< 256) a batch of n tokens sums to
+    at most 255 * 9972 * n, about 2.5e12 for a million tokens - far from int64's 9.2e18."""
+    weights = torch.arange(1, x.numel() + 1, device=x.device, dtype=torch.int64) % 9973
+    return (x.flatten().long() * weights).sum()
+
+
+def step_checksum(x: torch.Tensor, step: int) -> torch.Tensor:
+    """:func:`token_checksum` of the batch trained at ``step`` (from 0), weighted by ``step + 1``.
+
+    Summed over a run, the weights make the total depend on which batch came at which step, so
+    equal totals mean the same batches in the same order (a plain sum would not see two batches
+    swapped). Exact in int64 as long as 255 * 9972 * n * S (S + 1) / 2 (S steps of n tokens)
+    stays under 9.2e18: the full profile's 83 batches of 32,768 tokens stay below 3e14, and
+    a million tokens per step would allow about 2,700 steps."""
+    return token_checksum(x) * (step + 1)
+
+
+# ------------------------------------------------------------------ running and measuring a path
+def attempt(fn: Callable[[], bench.Run], label: str, device: torch.device | str, *,
+            compile_fix: str | None = None) -> bench.Run:
+    """``fn()``, with out of GPU memory - and, given ``compile_fix``, a failing torch.compile -
+    turned into a :class:`bench.Run` whose ``error`` is one sentence, so later paths still run.
+    Any other error of an eager path is a bug and propagates."""
+    device = torch.device(device)
+    try:
+        if compile_fix is None:
+            return fn()
+        with machine.compile_guard(compile_fix):
+            return fn()
+    except torch.OutOfMemoryError as exc:
+        return bench.Run(label, device.type, error=(
+            f"out of GPU memory ({machine.one_line(exc, 100)}): set a smaller batch_size in the "
+            "parameters cell"))
+    except machine.CompileFailed as exc:
+        return bench.Run(label, device.type, error=str(exc))
+    finally:
+        if compile_fix is not None:
+            torch._dynamo.reset()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def saved_bytes(fn: Callable[[], object]) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass while ``fn()`` runs (each tensor
+    counted once; parameters and views of them left out, they exist anyway): activation
+    memory, measured."""
+    seen: dict[tuple, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t if t._base is None else t._base, nn.Parameter):
+            seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def time_fwd_bwd(module: nn.Module, x: torch.Tensor, amp: torch.dtype | None, *,
+                 label: str) -> bench.Timing:
+    """Forward + backward of ``module(x)`` under autocast to ``amp`` (``bench.benchmark``), the
+    output's dtype in ``meta['out_dtype']``; the upstream gradient is cast outside the timing."""
+    with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+        out_dtype = module(x).dtype
+    grad = torch.randn(x.shape, device=x.device, dtype=out_dtype)
+
+    def fwd_bwd() -> None:
+        with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+            out = module(x)
+        out.backward(grad)
+
+    timing = bench.benchmark(fwd_bwd, label=label, warmup=5, repeats=30, device=x.device)
+    timing.meta["out_dtype"] = str(out_dtype).removeprefix("torch.")
+    return timing
+
+
+# ------------------------------------------------------------------ tables and readings
+def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per_token: float,
+                peak_tflops: float) -> pd.DataFrame:
+    """One row per path of ``labels`` (a path that did not run keeps a row saying why)."""
+    rows = []
+    for key, label in labels.items():
+        run = runs.get(key)
+        row = {"path": key, "label": label}
+        if run is None:
+            row["status"] = "not run on this machine"
+        elif not run.ok:
+            row["status"] = run.status()
+        else:
+            t, tokens_per_s = run.timing, run.tokens_per_s
+            row.update(status="ran", step_ms=t.median_ms, step_ms_iqr=t.iqr_ms,
+                       step_ms_q1=t.q1_ms, step_ms_q3=t.q3_ms, tokens_per_s=tokens_per_s,
+                       mfu=ceilings.mfu(flops_per_token, tokens_per_s, peak_tflops),
+                       peak_mem_gib=run.peak_mem_gib, final_train_loss=run.final_loss,
+                       final_val_loss=run.extra.get("val_loss", math.nan),
+                       compile_s=run.extra.get("compile_s", math.nan),
+                       first_step_s=run.first_step_s, wall_s=run.wall_s, steps=len(run.losses),
+                       learned=run.learned, batch_checksum=str(run.extra.get("checksum", "")))
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    for column in ("step_ms", "tokens_per_s", "mfu", "peak_mem_gib", "final_val_loss"):
+        if column not in table:
+            table[column] = math.nan
+    base = table.loc[(table["path"] == "1") & (table["status"] == "ran"), "step_ms"]
+    table["speedup_vs_fp32"] = (float(base.iloc[0]) if len(base) else math.nan) / table["step_ms"]
+    return table
+
+
+def breakdown_table(runs: dict[str, bench.Run]) -> pd.DataFrame:
+    """Per-step kernel time by category (``extra['breakdown']``, from ``kernels.profile_steps``)
+    next to the step time, one row per profiled path.
+
+    On CUDA the step time is the untraced median (kernel durations are not slowed by the
+    profiler); on the CPU the traced step, since tracing slows the operators themselves down."""
+    rows = []
+    for key, run in runs.items():
+        b = run.extra.get("breakdown") if run.ok else None
+        if not b:
+            continue
+        on_cuda = b.get("device") == "cuda"
+        step_ms = run.timing.median_ms if on_cuda else b["traced_step_ms"]
+        rows.append({"path": key, "label": run.label,
+                     **{f"{k}_ms": b[f"{k}_ms"] for k in kernels.NAMES},
+                     "kernel_ms": b["kernel_ms"], "step_ms": step_ms,
+                     "gap_ms": step_ms - b["kernel_ms"],
+                     "busy_pct": 100.0 * b["kernel_ms"] / step_ms,
+                     "kernels_per_step": b["kernels_per_step"],
+                     "traced_step_ms": b["traced_step_ms"],
+                     "step_reference": "untraced median" if on_cuda else "traced",
+                     "device": b.get("device", "cpu")})
+    return pd.DataFrame(rows)
+
+
+def breakdown_chart(breakdown: pd.DataFrame, ax=None):
+    """Stacked bars: per path, milliseconds per step in each kernel category, plus the gap."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    names = breakdown["path"] + ": " + breakdown["label"]
+    bottom = pd.Series(0.0, index=breakdown.index)
+    on_cuda = (breakdown["device"] == "cuda").all()
+    gap = "idle GPU (gap)" if on_cuda else "outside operators (gap)"
+    parts = [(k, breakdown[f"{k}_ms"]) for k in kernels.NAMES]
+    for name, values in parts + [(gap, breakdown["gap_ms"].clip(lower=0.0))]:
+        ax.bar(names, values, bottom=bottom, label=name)
+        bottom = bottom + values
+    ax.set_ylabel("time per training step (ms)")
+    ax.set_title("Where a step's time goes, by " + ("kernel" if on_cuda else "operator")
+                 + " category")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, axis="y")
+    ax.figure.tight_layout()
+    return ax
+
+
+def _step_iqr(row: pd.Series) -> tuple[float, float] | None:
+    """A row's (first, third) quartile of the step time, when the table has them."""
+    q1, q3 = row.get("step_ms_q1", math.nan), row.get("step_ms_q3", math.nan)
+    return None if math.isnan(q1) or math.isnan(q3) else (float(q1), float(q3))
+
+
+def fastest_paths(table: pd.DataFrame) -> list[str]:
+    """The fastest path that ran, then those ``verdicts.is_tie`` cannot tell apart from it
+    (step-time IQRs used when the table has them); empty when no path ran."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return []
+    timings = ran.rename(columns={"step_ms": "median_ms", "step_ms_q1": "q1_ms",
+                                  "step_ms_q3": "q3_ms"})
+    return verdicts.tied_with_fastest(timings, key="path")
+
+
+def verdict(table: pd.DataFrame) -> str:
+    """Sentences built from the run's numbers: fastest path, Apex vs native (step time through
+    ``verdicts.compare``, and peak memory), against the FP32 baseline when it ran."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return "No path ran, so there is nothing to compare."
+    tied = fastest_paths(table)
+    by = ran.set_index("path")
+    fastest = by.loc[tied[0]]
+    speedup = fastest.get("speedup_vs_fp32", math.nan)
+    versus = (f", {speedup:.2f}x the FP32 baseline" if tied[0] != "1" and not math.isnan(speedup)
+              else "")
+    first = (f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
+             f"{fastest['step_ms']:.1f} ms per step, {fastest['mfu']:.1%} MFU{versus}.")
+    if len(tied) > 1:
+        others = (f"Path {tied[1]}" if len(tied) == 2 else
+                  f"Paths {', '.join(tied[1:-1])} and {tied[-1]}")
+        first += (f" {others} cannot be told apart from it (medians within "
+                  f"{verdicts.TIE_FRACTION:.0%} or step-time IQRs overlapping).")
+    lines = [first]
+    if {"2", "3"} <= set(by.index):
+        r2, r3 = by.loc["2"], by.loc["3"]
+        ms2, ms3 = float(r2["step_ms"]), float(r3["step_ms"])
+        iqr2, iqr3 = _step_iqr(r2), _step_iqr(r3)
+        faster = ms2 < ms3 and not verdicts.is_tie(ms2, ms3, a_iqr=iqr2, b_iqr=iqr3)
+        lines.append(f"{verdicts.compare('Path 2', ms2, 'path 3', ms3, a_iqr=iqr2, b_iqr=iqr3)}"
+                     f": on this GPU Apex's FusedAdam and fused LayerNorm are "
+                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
+                     "and LayerNorm.")
+        mem2 = float(r2.get("peak_mem_gib", math.nan))
+        mem3 = float(r3.get("peak_mem_gib", math.nan))
+        if not (math.isnan(mem2) or math.isnan(mem3)):
+            diff = mem2 - mem3
+            how = ("the same" if abs(diff) < 0.005 else
+                   f"{abs(diff):.2f} GiB {'less' if diff < 0 else 'more'} for path 2")
+            lines.append(f"Peak memory: path 2 {mem2:.2f} GiB, path 3 {mem3:.2f} GiB ({how}).")
+    else:
+        lines.append("Apex and native could not both run here, so there is no Apex verdict.")
+    return "\n".join(lines)
+
+
+def compare_breakdown(table: pd.DataFrame, a: str, b: str) -> str:
+    """Explain the step-time difference of paths ``a`` and ``b`` from their breakdown rows."""
+    rows = table.set_index("path") if not table.empty else table
+    if a not in rows.index or b not in rows.index:
+        return f"Paths {a} and {b} were not both profiled, so there is nothing to compare."
+    ra, rb = rows.loc[a], rows.loc[b]
+    diffs = {k: ra[f"{k}_ms"] - rb[f"{k}_ms"] for k in kernels.NAMES}
+    top = max(diffs, key=lambda k: abs(diffs[k]))
+    kernel_diff = ra["kernel_ms"] - rb["kernel_ms"]
+    gap_diff = ra["gap_ms"] - rb["gap_ms"]
+    on_cuda = ra.get("device", "cuda") == "cuda"
+    inside, outside = (("kernels", "idle GPU time (CPU-side overhead)") if on_cuda
+                       else ("ATen operators", "time outside operators (Python, dispatch)"))
+    cause = inside if abs(kernel_diff) >= abs(gap_diff) else outside
+    text = (f"Path {a} vs path {b}: step {ra['step_ms'] - rb['step_ms']:+.2f} ms, of which "
+            f"{inside} {kernel_diff:+.2f} ms and the rest {gap_diff:+.2f} ms; most of the "
+            f"difference is in {cause}. The category that differs most is {top} "
+            f"({diffs[top]:+.2f} ms per step)")
+    if on_cuda:
+        text += (f"; kernel launches per step: {ra['kernels_per_step']:.0f} vs "
+                 f"{rb['kernels_per_step']:.0f}")
+    return text + "."
+
+
+def val_loss_spread(table: pd.DataFrame) -> float:
+    """(largest / smallest final validation loss) - 1 over the paths that ran; NaN under two."""
+    losses = table.loc[table["status"] == "ran", "final_val_loss"].dropna()
+    return float(losses.max() / losses.min() - 1) if len(losses) >= 2 else math.nan
+
+
+def targets(table: pd.DataFrame, applies: bool = True) -> str:
+    """The course's H200 targets, each marked met / missed / not measured, with the number."""
+    if not applies:
+        return ("The course's targets (MFU, Apex vs FP32 and native) are set for the full "
+                "profile on a GPU; this run is not one, so they are not evaluated.")
+    by = table[table["status"] == "ran"].set_index("path")
+
+    def mark(ok: bool | None) -> str:
+        return "not measured here" if ok is None else ("met" if ok else "MISSED")
+
+    best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
+    lines = [f"fastest path >= 45% MFU: {mark(None if math.isnan(best) else best >= 0.45)} "
+             f"(best {best:.1%})"]
+    if {"1", "2"} <= set(by.index):
+        x = by.loc["2", "speedup_vs_fp32"]
+        lines.append(f"path 2 >= 5x path 1: {mark(x >= 5)} ({x:.2f}x)")
+    else:
+        lines.append("path 2 >= 5x path 1: not measured here")
+    if {"2", "3"} <= set(by.index):
+        r = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
+        lines.append(f"path 2 at most 10% slower than path 3: {mark(r <= 1.10)} "
+                     f"(step-time ratio {r:.3f})")
+    else:
+        lines.append("path 2 at most 10% slower than path 3: not measured here")
+    spread = val_loss_spread(table)
+    if math.isnan(spread):
+        lines.append("validation losses within 2%: not measured here")
+    else:
+        lines.append(f"validation losses within 2% of each other: {mark(spread <= 0.02)} "
+                     f"(spread {spread:.2%})")
+    return "\n".join(lines)
+
+
+def _rate(tflops: float) -> str:
+    return f"{tflops:.0f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
+
+
+def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: GPTConfig,
+               tokens_per_step: int, peak_tflops: float,
+               matmul_ceiling_tflops: float | None = None) -> str:
+    """What holds the fastest profiled path's MFU down, from its kernel-time breakdown.
+
+    FLOPs counted as in :func:`flops_per_token`: the parameter matmuls 6 N per token and
+    attention 6 L d T per token. Everything else the step runs (norms, element-wise, optimizer,
+    copies) does no counted FLOPs, so its time is time the tensor cores are idle."""
+    ran = table[table["status"] == "ran"]
+    profiled = ran[ran["path"].isin(set(breakdown["path"]))] if not breakdown.empty else ran[:0]
+    if profiled.empty:
+        return "No path was profiled, so what limits MFU is not measured here."
+    fastest = profiled.loc[profiled["step_ms"].idxmin()]
+    row = breakdown.set_index("path").loc[fastest["path"]]
+    attention_per_token = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    matmul_flops = (flops_per_token(cfg) - attention_per_token) * tokens_per_step
+    attention_flops = attention_per_token * tokens_per_step
+    step_ms = float(row["step_ms"])
+    mm_ms, att_ms = float(row["matmul_ms"]), float(row["attention_ms"])
+    rest_ms = step_ms - mm_ms - att_ms
+    lines = [f"What limits path {fastest['path']} ({fastest['label']}, {fastest['mfu']:.1%} "
+             f"MFU), per step of {step_ms:.1f} ms:"]
+    if mm_ms > 0:
+        rate = matmul_flops / (mm_ms * 1e-3) / 1e12
+        ceiling = (f", {rate / matmul_ceiling_tflops:.0%} of the measured bf16 matmul ceiling"
+                   if matmul_ceiling_tflops else "")
+        lines.append(f"- parameter matmuls: {mm_ms:.1f} ms ({mm_ms / step_ms:.0%} of the step) "
+                     f"at {_rate(rate)}{ceiling}, {rate / peak_tflops:.0%} of the "
+                     f"{_rate(peak_tflops)} peak")
+    if att_ms > 0:
+        rate = attention_flops / (att_ms * 1e-3) / 1e12
+        lines.append(f"- attention: {att_ms:.1f} ms ({att_ms / step_ms:.0%}) at {_rate(rate)}")
+    others = {k: float(row[f"{k}_ms"]) for k in kernels.NAMES if k not in ("matmul", "attention")}
+    top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1]))
+    what = ("kernels that do no counted FLOPs, or an idle GPU" if row.get("device") == "cuda"
+            else "operators that do no counted FLOPs, or time outside operators")
+    lines.append(f"- everything else: {rest_ms:.1f} ms ({rest_ms / step_ms:.0%}) of {what} "
+                 f"(ms: {top}; gap {float(row['gap_ms']):.1f})")
+    if mm_ms + att_ms > 0:
+        bound = (matmul_flops + attention_flops) / ((mm_ms + att_ms) * 1e-3) / 1e12 / peak_tflops
+        lines.append(f"Even if everything else took no time, this path would reach {bound:.0%} "
+                     "MFU; the rest of the distance to the peak is the matmul and attention "
+                     "kernels' own.")
+    return "\n".join(lines)
+
+
+def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int) -> str:
+    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread.
+    Speedups over path 1 are left out where path 1 did not run."""
+    ran = table[table["status"] == "ran"]
+    if ran.empty:
+        return f"No path ran on this run ({where}), so there is nothing to summarise."
+    by_path = ran.set_index("path")
+    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path):"]
+    for key, row in by_path.iterrows():
+        speedup = float(row.get("speedup_vs_fp32", math.nan))
+        versus = "" if key == "1" or math.isnan(speedup) else f", {speedup:.2f}x path 1"
+        lines.append(f"- path {key} ({row['label']}): {row['step_ms']:.1f} ms/step, "
+                     f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}{versus}, "
+                     f"val loss {row['final_val_loss']:.3f}")
+    if {"3", "4"} <= set(by_path.index):
+        r3, r4 = by_path.loc["3"], by_path.loc["4"]
+        saved_s = (r3["step_ms"] - r4["step_ms"]) / 1e3
+        tie = verdicts.is_tie(float(r4["step_ms"]), float(r3["step_ms"]), a_iqr=_step_iqr(r4),
+                              b_iqr=_step_iqr(r3))
+        payback = (f"paid back after {r4['compile_s'] / saved_s:.0f} steps" if saved_s > 0
+                   and not tie else "never paid back: path 4 was not measurably faster than "
+                   "path 3")
+        lines.append(f"- torch.compile took {r4['compile_s']:.1f} s, {payback}")
+    tied = fastest_paths(table)
+    fastest = f"path {tied[0]}" + (f" (indistinguishable from {', '.join(tied[1:])})"
+                                   if len(tied) > 1 else "")
+    spread = val_loss_spread(table)
+    losses = "" if math.isnan(spread) else f"; validation losses differ by {spread:.2%}"
+    lines.append(f"- fastest: {fastest}{losses}")
+    return "\n".join(lines)

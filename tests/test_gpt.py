@@ -1,11 +1,19 @@
-"""The notebook-05 model: shapes, causality, attention equivalence, size and FLOP formulas."""
+"""Notebook 05's module: the model (shapes, causality, attention, size and FLOP formulas), the
+byte corpus and batch plan, running a path with its failures as one line, and the readings
+(paths and breakdown tables, verdict, targets, MFU limits, summary)."""
 
+import math
+
+import pandas as pd
 import pytest
 import torch
 
-from helpers import gpt
+from helpers import bench, ceilings, gpt, kernels, machine
+
+CPU = torch.device("cpu")
 
 
+# ------------------------------------------------------------------ the model
 def _tiny(**kw) -> gpt.GPTConfig:
     return gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=256, **kw)
 
@@ -112,3 +120,370 @@ def test_injected_norm_is_used():
     model = gpt.GPT(cfg, norm=CountingNorm)
     model(torch.zeros(1, cfg.seq_len, dtype=torch.long))
     assert len(calls) == 2 * cfg.n_layer + 1
+
+
+@pytest.fixture(scope="module")
+def small():
+    return gpt.load_corpus(cap_mb=0.5)
+
+
+# ------------------------------------------------------------------ the corpus
+def test_corpus_is_deterministic(small):
+    again = gpt.load_corpus(cap_mb=0.5)
+    assert torch.equal(small.train, again.train) and torch.equal(small.val, again.val)
+    assert small.train_files == again.train_files
+
+
+def test_splits_are_disjoint_and_cover_the_files(small):
+    assert not set(small.train_files) & set(small.val_files)
+    assert len(small.val_files) >= 1 and len(small.train_files) > 10 * len(small.val_files)
+    files = gpt.source_files(cap_bytes=int(0.5 * 2**20))
+    rel = {str(p.relative_to(gpt.stdlib_root())) for p in files}
+    assert rel == set(small.train_files) | set(small.val_files)
+
+
+def test_files_are_sorted_and_exclude_installed_packages():
+    files = gpt.source_files(cap_bytes=2**20)
+    assert files == sorted(files)
+    root = gpt.stdlib_root()
+    for path in files:
+        assert not gpt.EXCLUDED_DIRS.intersection(path.relative_to(root).parts)
+
+
+def test_cap_is_respected(small):
+    total = small.train.numel() + small.val.numel()
+    assert total <= 0.5 * 2**20 + len(small.train_files) + len(small.val_files)
+    assert small.train.dtype == torch.uint8
+
+
+def test_same_seed_same_batches(small):
+    a = gpt.BatchPlan.draw(small.train, steps=5, batch=4, seq_len=32, seed=7)
+    b = gpt.BatchPlan.draw(small.train, steps=5, batch=4, seq_len=32, seed=7)
+    c = gpt.BatchPlan.draw(small.train, steps=5, batch=4, seq_len=32, seed=8)
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+    for step in range(a.steps):
+        for ta, tb in zip(a.batch(step), b.batch(step), strict=True):
+            assert torch.equal(ta, tb)
+
+
+def test_batch_targets_are_next_bytes(small):
+    plan = gpt.BatchPlan.draw(small.train, steps=2, batch=3, seq_len=16, seed=0)
+    x, y = plan.batch(1)
+    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    start = int(plan.offsets[1, 0])
+    assert torch.equal(x[0], small.train[start:start + 16].long())
+
+
+def test_checksum_is_order_sensitive():
+    x = torch.arange(12).view(3, 4)
+    assert gpt.token_checksum(x) != gpt.token_checksum(x.flip(0))
+    # token k weighted by k + 1: sum of k (k + 1) for k < 12 = 506 + 66, worked by hand
+    assert int(gpt.token_checksum(x)) == 572
+    swapped = x.clone()
+    swapped[1, 2], swapped[1, 3] = x[1, 3], x[1, 2]  # two neighbouring tokens trade places
+    assert gpt.token_checksum(swapped) != gpt.token_checksum(x)
+
+
+def test_run_checksum_sees_two_batches_swapped(small):
+    plan = gpt.BatchPlan.draw(small.train, steps=4, batch=2, seq_len=16, seed=0)
+    batches = [plan.batch(i)[0] for i in range(plan.steps)]
+    swapped = [batches[0], batches[2], batches[1], batches[3]]
+
+    def run_total(xs):
+        return sum(int(gpt.step_checksum(x, i)) for i, x in enumerate(xs))
+
+    assert run_total(batches) != run_total(swapped)
+    # a plain sum of batch checksums, as before, cannot tell the two orders apart
+    assert sum(int(gpt.token_checksum(x)) for x in batches) == \
+        sum(int(gpt.token_checksum(x)) for x in swapped)
+    assert gpt.step_checksum(batches[1], 2).dtype == torch.int64
+
+
+# ------------------------------------------------------------------ training a path on the CPU
+def _train(data, *, steps=25, amp=None, swap=False, seed=0):
+    """The notebook's step in miniature: same plan, same start, step-weighted checksum."""
+    cfg = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=32)
+    torch.manual_seed(seed)
+    model = gpt.GPT(cfg)
+    plan = gpt.BatchPlan.draw(data.train, steps=steps, batch=4, seq_len=cfg.seq_len, seed=0)
+    if swap:
+        plan.offsets[[0, 1]] = plan.offsets[[1, 0]]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+    checksum = torch.zeros((), dtype=torch.int64)
+
+    def step(i):
+        x, y = plan.batch(i)
+        checksum.add_(gpt.step_checksum(x, i))
+        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+            loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # foreach norm: "optimizer"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    run = bench.train(step, steps, device=CPU, warmup=2, label="cpu")
+    return run, int(checksum), plan, step
+
+
+def test_fp32_and_bf16_runs_see_the_same_batches_and_learn(small):
+    fp32, sum32, plan, _ = _train(small)
+    bf16, sum16, _, _ = _train(small, amp=torch.bfloat16)
+    expected = sum(int(gpt.token_checksum(plan.batch(i)[0])) * (i + 1) for i in range(25))
+    assert sum32 == sum16 == expected
+    assert fp32.learned and bf16.learned
+    assert fp32.final_loss == pytest.approx(bf16.final_loss, rel=0.05)
+
+
+def test_run_checksum_sees_the_order_of_batches(small):
+    assert _train(small, steps=4)[1] != _train(small, steps=4, swap=True)[1]
+
+
+def test_profiler_breakdown_fits_in_the_traced_step(small):
+    run, _, _, step = _train(small, steps=4)
+    more = iter(range(4))
+    run.extra["breakdown"] = kernels.profile_steps(lambda: step(next(more)), 2, CPU)
+    b = run.extra["breakdown"]
+    # operator self times are measured by the profiler, the traced step by the wall clock: the
+    # self times of operators that run one after another cannot add up to more than the step
+    assert 0 < b["kernel_ms"] <= b["traced_step_ms"] * 1.05
+    assert b["matmul_ms"] > 0 and b["optimizer_ms"] > 0
+    table = gpt.breakdown_table({"1": run})
+    assert list(table["path"]) == ["1"] and table["gap_ms"].notna().all()
+    assert table.loc[0, "step_reference"] == "traced"
+    ax = gpt.breakdown_chart(table)
+    assert len(ax.patches) == len(kernels.NAMES) + 1  # one bar segment per category + the gap
+
+
+def test_paths_table_keeps_a_row_for_every_path(small):
+    run, checksum, _, _ = _train(small, steps=6)
+    run.extra.update(tokens_per_step=128, checksum=checksum, val_loss=3.0)
+    failed = bench.Run("P3", "cpu", error="out of GPU memory (...)")
+    labels = {"1": "P1", "1b": "P1b", "3": "P3"}
+    table = gpt.paths_table({"1": run, "3": failed}, labels, flops_per_token=1e6,
+                            peak_tflops=1.0)
+    assert list(table["path"]) == ["1", "1b", "3"]
+    assert list(table["status"]) == ["ran", "not run on this machine",
+                                     "FAILED: out of GPU memory (...)"]
+    row = table.iloc[0]
+    assert row["speedup_vs_fp32"] == 1.0 and row["batch_checksum"] == str(checksum)
+    assert row["mfu"] == pytest.approx(1e6 * row["tokens_per_s"] / 1e12)
+    assert row["final_train_loss"] == run.final_loss and row["final_val_loss"] == 3.0
+    assert math.isnan(table.iloc[1]["step_ms"])
+
+
+# ------------------------------------------------------------------ failures as one line
+def test_out_of_memory_becomes_one_line_in_the_run():
+    def boom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB\nmore")
+
+    run = gpt.attempt(boom, "P1", CPU)
+    assert not run.ok and "\n" not in run.error and "smaller batch_size" in run.error
+    assert run.status().startswith("FAILED: out of GPU memory")
+
+
+def test_failing_torch_compile_becomes_one_line_with_the_fix():
+    def no_compiler():
+        raise RuntimeError("InductorError: no working C compiler found\n  long traceback ...")
+
+    run = gpt.attempt(no_compiler, "P4", CPU, compile_fix="set run_compile = False")
+    assert run.error == ("torch.compile failed (RuntimeError: InductorError: no working C "
+                         "compiler found); set run_compile = False")
+
+
+def test_other_errors_of_an_eager_path_still_raise():
+    def broken():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        gpt.attempt(broken, "P1", CPU)
+
+
+def test_compile_guard_is_the_one_that_is_used():
+    assert issubclass(machine.CompileFailed, RuntimeError)
+
+
+# ------------------------------------------------------------------ measured memory
+def test_saved_bytes_counts_what_autograd_keeps():
+    x = torch.randn(8, 16, requires_grad=True)
+    # x * x saves x twice (one tensor: counted once); exp saves its output
+    assert gpt.saved_bytes(lambda: (x * x).exp()) == 2 * 8 * 16 * 4
+    with torch.no_grad():
+        assert gpt.saved_bytes(lambda: (x * x).exp()) == 0
+    linear = torch.nn.Linear(16, 4)
+    assert gpt.saved_bytes(lambda: linear(x)) == 8 * 16 * 4  # the input; the weight is a param
+    norm = torch.nn.LayerNorm(16)
+    # the FP32 input, plus mean and 1/std per row
+    assert gpt.saved_bytes(lambda: norm(x)) == 8 * 16 * 4 + 2 * 8 * 4
+
+
+def test_time_fwd_bwd_records_the_output_dtype():
+    x = torch.randn(16, 32, requires_grad=True)
+    timing = gpt.time_fwd_bwd(torch.nn.Linear(32, 32), x, torch.bfloat16, label="lin")
+    assert timing.meta["out_dtype"] == "bfloat16" and timing.median_ms > 0
+    assert x.grad is not None
+    assert gpt.time_fwd_bwd(torch.nn.Linear(32, 32), x, None, label="l").meta["out_dtype"] \
+        == "float32"
+
+
+# ------------------------------------------------------------------ readings
+@pytest.mark.parametrize("name, category", [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul"),
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
+    ("fmha_cutlassB_f32_aligned_64x64_k64_sm80", "attention"),
+    ("void cuApplyLayerNorm<c10::BFloat16, float, c10::BFloat16>", "norm"),
+    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float>", "norm"),
+    ("triton_per_fused_add_native_layer_norm_3", "norm"),
+    ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", "elementwise"),
+    ("triton_poi_fused_gelu_5", "elementwise"),
+    ("aten::addmm", "matmul"),
+    ("aten::_fused_adamw_", "optimizer"),
+    ("aten::native_layer_norm_backward", "norm"),
+    ("aten::embedding_dense_backward", "other"),
+])
+def test_kernel_categories(name, category):
+    assert kernels.categorize(name) == category
+
+
+def test_peak_lookup_and_mfu():
+    assert ceilings.peak_tflops("NVIDIA H200")[0] == 989.0
+    assert ceilings.peak_tflops("NVIDIA H100 80GB HBM3")[0] == 989.0
+    assert ceilings.peak_tflops("NVIDIA H100 PCIe")[0] == 756.0
+    assert ceilings.peak_tflops("NVIDIA A100-SXM4-80GB")[0] == 312.0
+    assert ceilings.peak_tflops("NVIDIA L40S")[0] == 362.0
+    assert ceilings.peak_tflops("NVIDIA L40")[0] == 181.05
+    assert ceilings.peak_tflops("NVIDIA L4")[0] == 121.0
+    assert ceilings.peak_tflops("NVIDIA A10")[0] == 125.0
+    assert ceilings.peak_tflops("NVIDIA H100 NVL")[0] == 835.0
+    assert ceilings.peak_tflops("NVIDIA GH200 480GB")[0] == 989.0
+    assert ceilings.peak_tflops("NVIDIA A100 80GB PCIe")[0] == 312.0
+    # not in the table: an A10G is not an A10, so its measured ceiling is used
+    value, source = ceilings.peak_tflops("NVIDIA A10G", {"matmul_tflops": {"bf16": 70.0}})
+    assert value == 70.0 and "measured" in source
+    value, source = ceilings.peak_tflops("CPU", {"matmul_tflops": {"fp32": 0.1}})
+    assert value == 0.1 and "fp32" in source
+    value, source = ceilings.peak_tflops("Some GPU", {"matmul_tflops": {"bf16": 500.0}})
+    assert value == 500.0 and "measured" in source
+    with pytest.raises(ValueError):
+        ceilings.peak_tflops("Some GPU", {})
+    cfg = gpt.GPT2_SMALL
+    # 568_138_752 FLOP/token at 1e6 tokens/s on a 989 TFLOP/s peak
+    assert ceilings.mfu(gpt.flops_per_token(cfg), 1e6, 989.0) == \
+        pytest.approx(568_138_752e6 / 989e12)
+
+
+def _fake_table(step_2: float, step_3: float) -> pd.DataFrame:
+    rows = [("1", "FP32", 300.0), ("2", "Apex", step_2), ("3", "Native", step_3)]
+    table = pd.DataFrame([{"path": p, "label": lab, "status": "ran", "step_ms": ms,
+                           "mfu": 0.1, "speedup_vs_fp32": 300.0 / ms} for p, lab, ms in rows])
+    return table
+
+
+def test_verdict_follows_the_numbers():
+    slower = gpt.verdict(_fake_table(50.0, 40.0))
+    assert "Path 2 (50 ms) is 1.25x slower than path 3 (40 ms)" in slower
+    assert "are not faster than PyTorch's own" in slower
+    faster = gpt.verdict(_fake_table(30.0, 40.0))
+    assert "is 1.33x faster than path 3" in faster and "are faster than PyTorch's own" in faster
+    level = gpt.verdict(_fake_table(40.5, 40.0))
+    assert "indistinguishable on this run (within 3%)" in level and "not faster" in level
+    assert "fastest path was 2 (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the FP32" in faster
+
+
+def test_verdict_calls_overlapping_iqrs_a_tie():
+    table = _fake_table(48.0, 42.0)
+    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 40.0, 38.0], [301.0, 50.0, 47.0]
+    assert "indistinguishable on this run (IQRs overlap)" in gpt.verdict(table)
+    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 47.5, 41.5], [301.0, 48.5, 42.5]
+    assert "is 1.14x slower than path 3" in gpt.verdict(table)
+
+
+def test_verdict_names_paths_tied_with_the_fastest():
+    table = _fake_table(40.5, 40.0)
+    assert "fastest path was 3 (Native)" in gpt.verdict(table)
+    assert "Path 2 cannot be told apart from it" in gpt.verdict(table)
+
+
+def test_verdict_reports_the_peak_memory_of_paths_2_and_3():
+    table = _fake_table(50.0, 40.0)
+    table["peak_mem_gib"] = [19.7, 10.8, 12.0]
+    assert "Peak memory: path 2 10.80 GiB, path 3 12.00 GiB (1.20 GiB less for path 2)." in \
+        gpt.verdict(table)
+    table["peak_mem_gib"] = float("nan")  # the CPU measures none: no memory sentence
+    assert "Peak memory" not in gpt.verdict(table)
+
+
+def test_verdict_without_the_fp32_baseline_or_any_path():
+    table = _fake_table(50.0, 40.0)
+    table.loc[0, "status"] = "Path 1 skipped: ..."
+    table["speedup_vs_fp32"] = float("nan")
+    text = gpt.verdict(table)
+    assert "nan" not in text and "baseline" not in text and "fastest path was 3" in text
+    table["status"] = "skipped"
+    assert gpt.verdict(table) == "No path ran, so there is nothing to compare."
+
+
+def test_summary_lists_what_ran_and_omits_what_it_cannot_compute():
+    table = _fake_table(50.0, 40.0)
+    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
+    table = pd.concat([table, pd.DataFrame([{
+        "path": "4", "label": "Compiled", "status": "ran", "step_ms": 30.0, "mfu": 0.2,
+        "speedup_vs_fp32": 10.0, "tokens_per_s": 1000.0, "final_val_loss": 2.0,
+        "compile_s": 20.0}])], ignore_index=True)
+    text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
+    assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path):")
+    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, MFU 10.0%, val loss 2.000" in text
+    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, MFU 10.0%, 6.00x path 1" in text
+    assert "torch.compile took 20.0 s, paid back after 2000 steps" in text
+    assert text.endswith("- fastest: path 4; validation losses differ by 1.00%")
+    table.loc[0, "status"] = "Path 1 skipped: ..."
+    table["speedup_vs_fp32"] = float("nan")
+    text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
+    assert "nan" not in text and "x path 1" not in text
+    table["status"] = "skipped"
+    assert "No path ran" in gpt.summary(table, where="CPU", tokens_per_step=64, steps=10)
+
+
+def test_targets_mark_each_goal_from_the_numbers():
+    table = pd.DataFrame([
+        {"path": "1", "status": "ran", "mfu": 0.05, "step_ms": 500.0, "final_val_loss": 2.00},
+        {"path": "2", "status": "ran", "mfu": 0.40, "step_ms": 90.0, "final_val_loss": 2.03},
+        {"path": "3", "status": "ran", "mfu": 0.46, "step_ms": 80.0, "final_val_loss": 2.01},
+    ])
+    table["speedup_vs_fp32"] = 500.0 / table["step_ms"]
+    lines = gpt.targets(table).splitlines()
+    assert lines[0].startswith("fastest path >= 45% MFU: met (best 46.0%)")
+    assert "path 2 >= 5x path 1: met (5.56x)" in lines[1]
+    assert "path 2 at most 10% slower than path 3: MISSED (step-time ratio 1.125)" in lines[2]
+    assert lines[3].endswith("met (spread 1.50%)")
+    table.loc[1, "final_val_loss"] = 2.10
+    assert gpt.targets(table).splitlines()[3].endswith("MISSED (spread 5.00%)")
+    assert "not evaluated" in gpt.targets(table, applies=False)
+    table.loc[1, "step_ms"] = 60.0  # faster than path 3 by any margin still meets it
+    assert "path 2 at most 10% slower than path 3: met (step-time ratio 0.750)" in \
+        gpt.targets(table).splitlines()[2]
+
+
+def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
+    cfg = gpt.GPT2_SMALL
+    tokens = 32768
+    fpt = gpt.flops_per_token(cfg)
+    att = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    table = pd.DataFrame([
+        {"path": "3", "label": "native", "status": "ran", "step_ms": 60.0, "mfu": 0.3},
+        {"path": "4", "label": "compiled", "status": "ran", "step_ms": 50.0, "mfu": 0.38},
+    ])
+    # matmuls take 25 ms, attention 5 ms: rates follow from the counted FLOPs
+    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
+    row.update({f"{k}_ms": 4.0 for k in kernels.NAMES if k not in ("matmul", "attention")})
+    row.update(matmul_ms=25.0, attention_ms=5.0)
+    text = gpt.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
+    mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
+    assert f"at {mm_rate:.0f} TFLOP/s, {mm_rate / 780:.0%} of the measured" in text
+    assert "path 4 (compiled" in text and "20.0 ms (40%)" in text and "idle GPU" in text
+    bound = fpt * tokens / 30e-3 / 1e12 / 989
+    assert f"would reach {bound:.0%} MFU" in text
+    assert "not measured" in gpt.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
