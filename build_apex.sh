@@ -147,9 +147,10 @@ PYTHON_BIN="$(command -v "$PYTHON" || true)"
     "(e.g. \`conda env create -f environment.yml && conda activate <env>\`) or set PYTHON=/path/to/python."
 [[ "$PYTHON_BIN" == /* ]] || PYTHON_BIN="$PWD/$PYTHON_BIN"
 
-# One probe, printing key=value lines; all decisions are made in bash below.
+# One probe, printing key=value lines; all decisions are made in bash below. nvcc is looked up
+# by the course's one implementation, helpers.environment.find_nvcc (the repo is its argument).
 probe_out=""
-if ! probe_out="$("$PYTHON_BIN" - <<'PY'
+if ! probe_out="$("$PYTHON_BIN" - "$REPO_ROOT" <<'PY'
 # build_apex.sh environment probe
 import os, shutil, sys, sysconfig
 def out(key, value):
@@ -210,6 +211,14 @@ else:
         major, minor = torch.cuda.get_device_capability(i)
         caps.append(f"{major}.{minor}")
     out("gpu_caps", ",".join(caps))
+    try:  # $CUDA_HOME/bin, then $CONDA_PREFIX/bin, then PATH
+        sys.path.insert(0, sys.argv[1])
+        from helpers.environment import find_nvcc, nvcc_release
+        nvcc = find_nvcc()
+        out("nvcc", nvcc or "")
+        out("nvcc_release", nvcc_release(nvcc) or "")
+    except Exception as exc:
+        out("nvcc_error", f"{type(exc).__name__}: {exc}")
 PY
 )"; then
     die 3 "'$PYTHON_BIN' failed to run the environment probe, so nothing about the environment" \
@@ -243,24 +252,23 @@ TORCH_VERSION="$(p torch_version)"
 TORCH_CUDA="$(p torch_cuda)"
 [[ "$TORCH_CUDA" == "None" ]] && TORCH_CUDA=""
 
-# nvcc lookup: $CUDA_HOME/bin, $CONDA_PREFIX/bin, PATH. Sets NVCC, NVCC_CUDA_HOME, NVCC_VERSION.
+# nvcc as the probe found it (helpers.environment.find_nvcc). Sets NVCC, NVCC_CUDA_HOME,
+# NVCC_VERSION; without a working lookup the main build stops (the legacy install goes on).
 NVCC="" NVCC_CUDA_HOME="" NVCC_VERSION=""
 find_nvcc() {
-    local candidate
-    if [[ -n "${CUDA_HOME:-}" && -x "$CUDA_HOME/bin/nvcc" ]]; then
-        candidate="$CUDA_HOME/bin/nvcc"
-    elif [[ -n "${CONDA_PREFIX:-}" && -x "$CONDA_PREFIX/bin/nvcc" ]]; then
-        candidate="$CONDA_PREFIX/bin/nvcc"
-    else
-        candidate="$(command -v nvcc || true)"
+    if [[ -n "$(p nvcc_error)" ]]; then
+        ((WANT_MAIN)) && die 3 "the course's nvcc lookup (helpers.environment in $REPO_ROOT)" \
+            "failed in $PYTHON_BIN ($(p nvcc_error)), and Apex's CUDA extensions are compiled" \
+            "with nvcc; run this script from a full checkout of the course, in its environment."
+        warn "could not look for nvcc ($(p nvcc_error)); the legacy install goes on without it"
+        return 0
     fi
-    [[ -n "$candidate" ]] || return 0
-    [[ -n "${CUDA_HOME:-}" && "$candidate" != "$CUDA_HOME/bin/nvcc" ]] &&
-        warn "CUDA_HOME=$CUDA_HOME has no bin/nvcc; using $candidate instead"
-    NVCC="$candidate"
-    NVCC_CUDA_HOME="$(cd "$(dirname "$candidate")/.." && pwd)"
-    # "Cuda compilation tools, release 13.0, V13.0.48" -> 13.0
-    NVCC_VERSION="$("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\),.*/\1/p' | head -n 1 || true)"
+    NVCC="$(p nvcc)"
+    [[ -n "$NVCC" ]] || return 0
+    [[ -n "${CUDA_HOME:-}" && "$NVCC" != "$CUDA_HOME/bin/nvcc" ]] &&
+        warn "CUDA_HOME=$CUDA_HOME has no bin/nvcc; using $NVCC instead"
+    NVCC_CUDA_HOME="$(cd "$(dirname "$NVCC")/.." && pwd)"
+    NVCC_VERSION="$(p nvcc_release)"  # "Cuda compilation tools, release 13.0, V13.0.48" -> 13.0
 }
 
 # (3) CPU-only torch. The legacy install compiles nothing, but its setup.py needs torch's
@@ -465,74 +473,21 @@ stage_source() {
 
 # ---------------------------------------------------------------------------- main Apex
 VERIFIED="" VERIFY_MSG=""
-# verify_main: imports the extensions, runs a FusedAdam step and a FusedLayerNorm forward.
+# verify_main: helpers.apexcheck --verify imports the extensions and, on a GPU, runs a FusedAdam
+# step and a FusedLayerNorm forward against torch in float64 (the course's one kernel check).
 verify_main() {
-    local out rc=0 missing failed
+    local out rc=0
     mkdir -p "$APEX_WORKDIR"
-    out="$(cd "$APEX_WORKDIR" && PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" - "$LEGACY_DIR" \
-        2>>"$VERIFY_LOG" <<'PY'
-import importlib, os, sys
-import torch  # first: the extensions link against libc10/libtorch that torch loads
-import torch.nn.functional as F
-legacy_dir = os.path.realpath(sys.argv[1])
-ok, missing, failed = [], [], []
-for name in ("amp_C", "apex_C", "fused_layer_norm_cuda"):
-    try:
-        importlib.import_module(name)
-        ok.append(name)
-    except ModuleNotFoundError:
-        missing.append(name)
-    except Exception as exc:  # present but broken (ABI/torch mismatch, missing library)
-        failed.append(f"{name} fails to import ({type(exc).__name__}: {exc})")
-try:
-    import apex
-    where = os.path.realpath(os.path.dirname(apex.__file__))
-    if where.startswith(legacy_dir + os.sep):
-        failed.append(f"apex is imported from the legacy folder {where}; drop it from PYTHONPATH")
-    from apex.normalization import FusedLayerNorm
-    from apex.optimizers import FusedAdam
-except Exception as exc:
-    failed.append(f"import apex ({type(exc).__name__}: {exc})")
-else:
-    if not torch.cuda.is_available():
-        print("kernels=skipped (no visible GPU)")
-    else:
-        try:
-            param = torch.nn.Parameter(torch.ones(64, device="cuda"))
-            param.grad = torch.ones_like(param)
-            FusedAdam([param], lr=0.1).step()
-            torch.cuda.synchronize()
-            assert bool((param < 1).all()), "parameter did not move"
-            ok.append("FusedAdam")
-        except Exception as exc:
-            failed.append(f"FusedAdam step ({type(exc).__name__}: {exc})")
-        try:
-            x = torch.randn(8, 32, device="cuda")
-            norm = FusedLayerNorm(32).cuda()
-            ref = F.layer_norm(x, (32,), norm.weight, norm.bias, norm.eps)
-            torch.testing.assert_close(norm(x), ref, rtol=1e-4, atol=1e-4)
-            ok.append("FusedLayerNorm")
-        except Exception as exc:
-            failed.append(f"FusedLayerNorm forward ({type(exc).__name__}: {exc})")
-        print("kernels=tested")
-print("verified=" + ",".join(ok))
-print("missing=" + ",".join(missing))
-print("failed=" + "; ".join(failed).replace("\n", " "))
-sys.exit(1 if missing or failed else 0)
-PY
-    )" || rc=$?
+    out="$(cd "$APEX_WORKDIR" && PYTHONPATH="$REPO_ROOT${CLEAN_PYTHONPATH:+:$CLEAN_PYTHONPATH}" \
+        "$PYTHON_BIN" -m helpers.apexcheck --verify --legacy-dir "$LEGACY_DIR" 2>>"$VERIFY_LOG")" ||
+        rc=$?
+    printf '%s\n' "$out" >>"$VERIFY_LOG"
+    grep -Ev '^(verified|error|warning)=' <<<"$out" | sed 's/^/  /' || true
     VERIFIED="$(sed -n 's/^verified=//p' <<<"$out")"
-    missing="$(sed -n 's/^missing=//p' <<<"$out")"
-    failed="$(sed -n 's/^failed=//p' <<<"$out")"
-    grep -q '^kernels=skipped' <<<"$out" && warn "no GPU visible: extensions imported, kernels not exercised"
-    VERIFY_MSG=""
-    if [[ -n "$missing" ]]; then
-        VERIFY_MSG="Python-only Apex: ${missing//,/, } missing"
-        [[ -n "$failed" ]] && VERIFY_MSG+="; $failed"
-    elif [[ -n "$failed" ]]; then
-        VERIFY_MSG="$failed"
-    elif ((rc != 0)); then
-        VERIFY_MSG="the verification snippet exited with status $rc"
+    VERIFY_MSG="$(sed -n 's/^error=//p' <<<"$out")"
+    grep -q '^warning=' <<<"$out" && warn "$(sed -n 's/^warning=//p' <<<"$out")"
+    if [[ -z "$VERIFY_MSG" ]] && ((rc != 0)); then
+        VERIFY_MSG="python -m helpers.apexcheck --verify exited with status $rc"
     fi
     [[ -z "$VERIFY_MSG" ]]
 }

@@ -1,15 +1,20 @@
-"""Which Apex fused kernels really work on this machine.
+"""Which Apex fused kernels really work on this machine (notebook 01), and the check that
+``build_apex.sh`` runs after a build (``python -m helpers.apexcheck --verify``).
 
 ``import apex`` succeeding proves little: a Python-only install imports fine and lacks every
-compiled kernel. :func:`detect` checks each feature at three levels - the Python import, the
-compiled extension it needs, and a tiny run on the GPU compared with a torch reference in
-float64 - and returns one row per feature. Every import goes through an injectable
-``importer`` so the checks can be exercised on a CPU with simulated installs.
+compiled kernel. Notebook 01 writes the probes for two features in its cells; :func:`detect`
+is the same for every feature, at three levels - the Python import, the compiled extension it
+needs, and a tiny run on the GPU compared with a torch reference in float64 - one row per
+feature. Every import goes through an injectable ``importer`` so the checks can be exercised on
+a CPU with simulated installs.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -17,7 +22,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from helpers import gpu
+from helpers import machine
 
 Importer = Callable[[str], ModuleType]
 
@@ -29,6 +34,7 @@ BROKEN = "broken"
 COLUMNS = ["feature", "python_import", "cuda_extension", "gpu_smoke_run", "verdict"]
 LEGACY_FEATURE = "apex.amp (legacy)"
 FIX = "./build_apex.sh --force"
+NO_GPU_WARNING = "no GPU visible: extensions imported, kernels not exercised"
 
 
 class WrongResult(AssertionError):
@@ -52,15 +58,13 @@ def _import(name: str) -> ModuleType:
 
 
 def _one_line(exc: BaseException, limit: int = 140) -> str:
-    """``Type: first line of the message``, shortened to ``limit`` characters."""
+    """One line for a verdict: a wrong answer and out-of-memory say so, else machine.one_line."""
     if isinstance(exc, WrongResult):
         text = f"wrong result: {exc}"
-    elif isinstance(exc, torch.cuda.OutOfMemoryError):
-        text = "out of the GPU's memory during a tiny test (another process holds it?)"
-    else:
-        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-        text = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "out of the GPU's memory during a tiny test (another process holds it?)"
+    return machine.one_line(exc, limit=limit)
 
 
 def _check_close(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: float,
@@ -112,7 +116,7 @@ def _smoke_norm(rms: bool, mixed: bool) -> Callable[[object, Importer, torch.dev
         x = (torch.randn(rows, hidden, generator=gen) * 3 + 1).to(device)
         # The Mixed variants take a float32 input with half-precision parameters and return
         # the parameters' dtype (Apex's kernels accept that pairing, not bf16 in / fp32 out).
-        low = torch.bfloat16 if device.type == "cpu" or gpu.bf16_supported() else torch.float16
+        low = torch.bfloat16 if device.type == "cpu" or machine.bf16_supported() else torch.float16
         param_dtype = low if mixed else torch.float32
         module = cls(hidden, eps=eps).to(device=device, dtype=param_dtype)
         with torch.no_grad():
@@ -176,6 +180,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("multi_tensor_applier", "apex.multi_tensor_apply", "multi_tensor_applier",
             ("amp_C",), _smoke_multi_tensor),
 )
+# What build_apex.sh's verification runs on the GPU: the two features every notebook relies on.
+VERIFY_FEATURES = ("FusedAdam", "FusedLayerNorm")
 
 
 # ------------------------------------------------------------------------------ detection
@@ -183,8 +189,16 @@ def _row(name: str, imp, ext, smoke, verdict: str) -> dict:
     return dict(zip(COLUMNS, (name, imp, ext, smoke, verdict), strict=True))
 
 
-def _apex_problem(importer: Importer) -> str | None:
-    """None when ``apex`` imports; otherwise the verdict every Apex row gets."""
+def wrong_apex_verdict(wrong: str) -> str:
+    """The verdict of every Apex row when ``apex`` is PyPI's unrelated package."""
+    return (f"{BROKEN}: `apex` here is the unrelated {wrong}, not NVIDIA Apex - "
+            "pip uninstall apex, then ./build_apex.sh")
+
+
+def _apex_problem(importer: Importer, wrong: str | None) -> str | None:
+    """None when ``apex`` imports and is NVIDIA's; otherwise the verdict every Apex row gets."""
+    if wrong:
+        return wrong_apex_verdict(wrong)
     try:
         importer("apex")
     except ModuleNotFoundError as exc:
@@ -225,17 +239,19 @@ def check_feature(feature: Feature, *, importer: Importer, device: torch.device,
 
 def detect(*, importer: Importer | None = None, device: torch.device | str | None = None,
            run_smoke: bool | None = None, legacy_check: Callable[[], bool] | None = None,
+           wrong_apex: Callable[[], str | None] | None = None,
            features: Sequence[Feature] = FEATURES):
     """One row per Apex feature: ``feature, python_import, cuda_extension, gpu_smoke_run,
     verdict`` (checks are True/False, or None when not attempted). Smoke runs default to on
-    when ``device`` (default: the course's device) is a CUDA GPU."""
+    when ``device`` (default: the course's device) is a CUDA GPU. ``wrong_apex`` (default
+    :func:`helpers.machine.wrong_apex`) names PyPI's unrelated ``apex`` when it is installed."""
     import pandas as pd
 
     importer = importer or _import
-    dev = torch.device(device) if device is not None else gpu.device()
+    dev = torch.device(device) if device is not None else machine.device()
     run_smoke = dev.type == "cuda" if run_smoke is None else run_smoke
-    legacy_check = legacy_check or gpu.legacy_amp_available
-    problem = _apex_problem(importer)
+    legacy_check = legacy_check or machine.legacy_amp_available
+    problem = _apex_problem(importer, (wrong_apex or machine.wrong_apex)())
     rows = []
     for feature in features:
         if problem is None:
@@ -248,12 +264,6 @@ def detect(*, importer: Importer | None = None, device: torch.device | str | Non
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def is_available(table, feature: str) -> bool:
-    """True when ``feature``'s verdict in a :func:`detect` table is ``available``."""
-    match = table.loc[table["feature"] == feature, "verdict"]
-    return bool(len(match)) and match.iloc[0] == AVAILABLE
-
-
 def summary(table) -> str:
     """One computed sentence on what a :func:`detect` table says."""
     apex_rows = table[table["feature"] != LEGACY_FEATURE]
@@ -263,6 +273,8 @@ def summary(table) -> str:
     total = len(apex_rows)
     if counts.get(NOT_INSTALLED, 0) == total:
         return f"Apex is not installed (./build_apex.sh builds it); {legacy_text}."
+    if len(counts) == 1 and "unrelated" in counts.index[0]:
+        return f"Apex: {counts.index[0].removeprefix(BROKEN + ': ')}; {legacy_text}."
     parts = []
     if counts.get(AVAILABLE, 0):
         parts.append(f"{counts[AVAILABLE]} of {total} features available (ran and matched torch)")
@@ -297,3 +309,89 @@ def python_only_warning(table) -> str | None:
         "and read .apex/build.log if it fails. Restart the kernel afterwards.",
         bar,
     ])
+
+
+# ------------------------------------------------------------- build_apex.sh's verification
+def verify(legacy_dir: str | None = None, *, importer: Importer | None = None,
+           device: torch.device | str | None = None, run_kernels: bool | None = None,
+           echo: Callable[[str], None] = print) -> int:
+    """What ``build_apex.sh`` checks after a build: the three extensions import, ``apex`` is
+    not the legacy folder's, and (on a GPU) a FusedAdam step and a FusedLayerNorm forward match
+    torch in float64. One line per check; then ``verified=<names>`` for the marker, and on
+    failure ``error=<one sentence>``. Returns the exit status (0 also without a GPU).
+    ``run_kernels`` defaults to on when ``device`` (default: the course's) is a CUDA GPU."""
+    importer = importer or _import
+    dev = torch.device(device) if device is not None else machine.device()
+    run_kernels = dev.type == "cuda" if run_kernels is None else run_kernels
+    verified: list[str] = []
+    missing: list[str] = []
+    failed: list[str] = []
+    for name in machine.APEX_EXTENSIONS:
+        try:
+            importer(name)
+        except Exception as exc:
+            if isinstance(exc, ModuleNotFoundError) and exc.name == name:
+                missing.append(name)  # not built: a Python-only install
+            else:  # present but broken (ABI/torch mismatch, missing library)
+                failed.append(f"{name} fails to import ({_one_line(exc)})")
+            echo(f"FAIL import {name}: {_one_line(exc)}")
+            continue
+        verified.append(name)
+        echo(f"ok   import {name}")
+    features = {f.name: f for f in FEATURES}
+    classes = {}
+    apex_missing = False
+    try:
+        apex = importer("apex")
+        where = os.path.realpath(os.path.dirname(getattr(apex, "__file__", None) or "."))
+        if legacy_dir and where.startswith(os.path.realpath(legacy_dir) + os.sep):
+            raise ImportError(f"apex is imported from the legacy folder {where}; "
+                              "drop it from PYTHONPATH")
+        for name in VERIFY_FEATURES:
+            classes[name] = getattr(importer(features[name].module), features[name].attr)
+        echo("ok   import apex (" + ", ".join(VERIFY_FEATURES) + ")")
+    except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "apex":
+            apex_missing = True
+        else:
+            failed.append(f"import apex ({_one_line(exc)})")
+        echo(f"FAIL import apex: {_one_line(exc)}")
+    if classes and not run_kernels:
+        echo(f"warning={NO_GPU_WARNING}")
+    elif classes:
+        for name, cls in classes.items():
+            try:
+                features[name].smoke(cls, importer, dev)
+            except Exception as exc:
+                failed.append(f"{name} on the GPU ({_one_line(exc)})")
+                echo(f"FAIL {name} on the GPU: {_one_line(exc)}")
+                continue
+            verified.append(name)
+            echo(f"ok   {name} on {dev.type} matches torch in float64")
+    echo("verified=" + ",".join(verified))
+    problems = []
+    if apex_missing:
+        problems.append(f"Apex is not installed for {sys.executable} (no module named 'apex')")
+    elif missing:
+        problems.append(f"Python-only Apex: {', '.join(missing)} missing")
+    problems += failed
+    if problems:
+        echo("error=" + "; ".join(problems))
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m helpers.apexcheck --verify [--legacy-dir DIR]`` (build_apex.sh runs it)."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.apexcheck", description=__doc__)
+    parser.add_argument("--verify", action="store_true", required=True,
+                        help="import the extensions and run FusedAdam and FusedLayerNorm")
+    parser.add_argument("--legacy-dir", help="the legacy apex.amp folder apex must not come from")
+    args = parser.parse_args(argv)
+    rc = verify(args.legacy_dir)
+    sys.stdout.flush()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

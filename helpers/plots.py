@@ -59,12 +59,13 @@ def difference_chart(df, x: str, y: str, *, hue: str, baseline: str, xlabel: str
                      title: str = "", ax=None):
     """``df[y]`` minus the ``baseline`` group's ``df[y]`` at the same ``x``, one line per other
     ``hue`` group: curves that lie on top of each other become readable. The y axis is
-    symmetric-log, linear within the smallest difference seen, so signs and scales both show."""
+    symmetric-log, linear up to a thousandth of the largest difference (or the smallest one seen,
+    when larger), so rounding noise near zero does not fill the plot while both signs show."""
     base = df[df[hue] == baseline].set_index(x)[y]
     others = df[df[hue] != baseline]
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.6))
-    smallest = None
+    smallest, largest = None, 0.0
     for name, group in others.groupby(hue, sort=False):
         diff = group.set_index(x)[y] - base.reindex(group[x]).to_numpy()
         ax.plot(diff.index, diff.to_numpy(), marker="o", markersize=2, lw=1, label=str(name))
@@ -72,9 +73,10 @@ def difference_chart(df, x: str, y: str, *, hue: str, baseline: str, xlabel: str
         if not nonzero.empty:
             low = float(nonzero.min())
             smallest = low if smallest is None else min(smallest, low)
+            largest = max(largest, float(nonzero.max()))
     ax.axhline(0.0, color="gray", lw=0.8)
     if smallest is not None:
-        ax.set_yscale("symlog", linthresh=smallest)
+        ax.set_yscale("symlog", linthresh=max(smallest, 1e-3 * largest))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -1,4 +1,5 @@
-"""helpers.apexbuild: nvcc lookup in build_apex.sh's order, and running the script streamed."""
+"""helpers.environment's build side (notebook 01): the nvcc lookup (the one build_apex.sh's
+probe calls), the readiness table, and running the script with its output streamed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import stat
 import sys
 from pathlib import Path
 
-from helpers import apexbuild
+from helpers import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,34 +31,34 @@ def test_nvcc_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(on_path.parent))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     monkeypatch.setenv("CONDA_PREFIX", str(tmp_path / "conda"))
-    assert apexbuild.find_nvcc() == cuda
+    assert environment.find_nvcc() == cuda
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nothing-here"))
-    assert apexbuild.find_nvcc() == conda
+    assert environment.find_nvcc() == conda
     monkeypatch.delenv("CONDA_PREFIX")
-    assert apexbuild.find_nvcc() == on_path
-    assert apexbuild.nvcc_release(on_path) == "12.6"
+    assert environment.find_nvcc() == on_path
+    assert environment.nvcc_release(on_path) == "12.6"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert apexbuild.find_nvcc() is None
-    assert apexbuild.nvcc_release(None) is None
+    assert environment.find_nvcc() is None
+    assert environment.nvcc_release(None) is None
 
 
 def test_toolchain_compares_nvcc_with_torch(tmp_path, monkeypatch):
     fake_nvcc(tmp_path / "cuda", "13.0")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
-    monkeypatch.setattr(apexbuild.torch.version, "cuda", "13.0")
-    assert apexbuild.toolchain()["nvcc_matches_torch"] is True
-    monkeypatch.setattr(apexbuild.torch.version, "cuda", "12.8")
-    info = apexbuild.toolchain()
+    monkeypatch.setattr(environment.torch.version, "cuda", "13.0")
+    assert environment.toolchain()["nvcc_matches_torch"] is True
+    monkeypatch.setattr(environment.torch.version, "cuda", "12.8")
+    info = environment.toolchain()
     assert info["nvcc_release"] == "13.0" and info["nvcc_matches_torch"] is False
-    monkeypatch.setattr(apexbuild.torch.version, "cuda", None)
-    assert apexbuild.toolchain()["nvcc_matches_torch"] is False
+    monkeypatch.setattr(environment.torch.version, "cuda", None)
+    assert environment.toolchain()["nvcc_matches_torch"] is False
 
 
 def test_run_build_script_streams_and_returns_the_exit_status(tmp_path):
     script = tmp_path / "build_apex.sh"
     script.write_text('echo "python is $PYTHON"\necho "args: $*"\necho "oops" >&2\nexit 3\n')
     lines: list[str] = []
-    rc = apexbuild.run_build_script(["--dry-run"], script=script, echo=lines.append)
+    rc = environment.run_build_script(["--dry-run"], script=script, echo=lines.append)
     assert rc == 3
     assert lines == [f"python is {sys.executable}", "args: --dry-run", "oops"]
 
@@ -66,15 +67,15 @@ def test_run_build_script_timeout_and_missing(tmp_path):
     script = tmp_path / "build_apex.sh"
     script.write_text("echo start\nsleep 30\necho never\n")
     lines: list[str] = []
-    assert apexbuild.run_build_script(script=script, timeout=0.5, echo=lines.append) == 124
+    assert environment.run_build_script(script=script, timeout=0.5, echo=lines.append) == 124
     assert lines[0] == "start" and "never" not in lines and "stopped after" in lines[-1]
     lines.clear()
-    assert apexbuild.run_build_script(script=tmp_path / "nope.sh", echo=lines.append) == 127
+    assert environment.run_build_script(script=tmp_path / "nope.sh", echo=lines.append) == 127
     assert "missing" in lines[0]
 
 
 def test_the_course_script_is_where_the_helper_looks():
-    path = apexbuild.build_script()
+    path = environment.build_script()
     assert path == ROOT / "build_apex.sh"
     assert path.is_file() and os.access(path, os.R_OK)
 
@@ -98,18 +99,18 @@ def test_notebook_01_option_table_shows_the_script_defaults():
 
 
 def test_exit_codes_and_readiness_table():
-    assert "preflight" in apexbuild.explain_exit(3)
-    assert apexbuild.explain_exit(42).startswith("exit 42")
+    assert "preflight" in environment.explain_exit(3)
+    assert environment.explain_exit(42).startswith("exit 42")
     tools = {"torch_cuda": "13.0", "nvcc": "/usr/bin/nvcc", "nvcc_release": "12.8",
              "nvcc_matches_torch": False, "ninja": True, "gpu": True}
     env = {"gpu_name": "NVIDIA H200", "gpu_capability": "9.0", "bf16_supported": True,
            "driver": "580.1"}
-    table = apexbuild.readiness_table(env, tools)
+    table = environment.readiness_table(env, tools)
     assert list(table.columns) == ["check", "here", "why_it_matters"]
     here = dict(zip(table["check"], table["here"], strict=True))
     assert here["nvcc (toolkit)"] == "CUDA 12.8 at /usr/bin/nvcc"
     # a machine with nothing: every row still says something, and bf16 is a plain bool
-    bare = apexbuild.readiness_table(
+    bare = environment.readiness_table(
         {}, dict(tools, torch_cuda=None, nvcc=None, nvcc_release=None, gpu=False))
     here = dict(zip(bare["check"], bare["here"], strict=True))
     assert here["torch's CUDA"] == "none (CPU build of torch)"

@@ -1,5 +1,6 @@
 """helpers.apexcheck on a CPU: simulated installs through an injected importer, fake kernels
-that are right or wrong, and (when the pinned Apex source is present) the real package."""
+that are right or wrong, the verification build_apex.sh runs (``--verify``), and (when the
+pinned Apex source is present) the real package."""
 
 from __future__ import annotations
 
@@ -105,9 +106,9 @@ def python_only() -> dict:
                         fused_layer_norm_cuda=missing("fused_layer_norm_cuda"))
 
 
-def detect(modules: dict, *, legacy: bool = False, **kwargs):
+def detect(modules: dict, *, legacy: bool = False, wrong: str | None = None, **kwargs):
     return apexcheck.detect(importer=make_importer(modules), device="cpu",
-                            legacy_check=lambda: legacy, **kwargs)
+                            legacy_check=lambda: legacy, wrong_apex=lambda: wrong, **kwargs)
 
 
 def verdicts(table) -> dict:
@@ -160,8 +161,7 @@ def test_correct_kernels_pass_the_smoke_runs():
     table = detect(full_install(), run_smoke=True, legacy=True)
     assert set(verdicts(table).values()) == {AVAILABLE}, verdicts(table)
     assert table.loc[table["feature"].isin(APEX_FEATURES), "gpu_smoke_run"].all()
-    assert apexcheck.is_available(table, "FusedAdam")
-    assert not apexcheck.is_available(table, "no such feature")
+    assert verdicts(table)["FusedAdam"] == AVAILABLE
 
 
 class WrongAdam(torch.optim.AdamW):
@@ -256,6 +256,20 @@ def test_unrelated_pypi_apex_is_named():
     assert "PyPI" in got["FusedAdam"]
 
 
+def test_pypi_apex_is_named_instead_of_its_import_error():
+    # PyPI's `apex` fails on its own dependency; the verdict names the package, not that error.
+    wrong = "apex 0.9.10.dev0 from PyPI"
+    table = detect({"apex": missing("pyramid_mailer")}, wrong=wrong)
+    got = verdicts(table)
+    for feature in APEX_FEATURES:
+        assert got[feature] == apexcheck.wrong_apex_verdict(wrong)
+        assert wrong in got[feature] and "pyramid_mailer" not in got[feature]
+        assert "pip uninstall apex" in got[feature]
+    text = apexcheck.summary(table)
+    assert wrong in text and "not NVIDIA Apex" in text and "6 broken" not in text
+    assert apexcheck.python_only_warning(table) is None
+
+
 def test_apex_import_crash_is_broken_for_every_row():
     table = detect({"apex": OSError("libc10_cuda.so: cannot open shared object file")})
     apex_rows = table[table["feature"].isin(APEX_FEATURES)]
@@ -270,7 +284,7 @@ def test_legacy_row_follows_the_legacy_check():
 
 def test_default_importer_can_be_monkeypatched(monkeypatch):
     monkeypatch.setattr(apexcheck, "_import", make_importer(python_only()))
-    table = apexcheck.detect(device="cpu", legacy_check=lambda: False)
+    table = apexcheck.detect(device="cpu", legacy_check=lambda: False, wrong_apex=lambda: None)
     assert (table.loc[table["feature"].isin(APEX_FEATURES), "verdict"] == PYTHON_ONLY).all()
 
 
@@ -362,3 +376,76 @@ def test_check_close_judges_cancelling_sums_against_their_terms():
                            scale=torch.tensor([8.0]))  # 0.05 <= 1e-2 * (1 + 8)
     with pytest.raises(apexcheck.WrongResult, match="sum differs"):
         apexcheck._check_close(torch.tensor([0.05]), expected, "sum", 1e-2)
+
+
+# ------------------------------------------------------------- build_apex.sh's verification
+def run_verify(modules: dict, legacy_dir=None, device="cpu", **kwargs) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    rc = apexcheck.verify(legacy_dir, importer=make_importer(modules), device=device,
+                          echo=lines.append, **kwargs)
+    return rc, lines
+
+
+def keyed(lines: list[str]) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in lines if ln.split("=", 1)[0] in
+                ("verified", "error", "warning"))
+
+
+def test_verify_runs_fused_adam_and_layer_norm():
+    # The CPU stands in for the GPU: the fake kernels run and are compared in float64.
+    rc, lines = run_verify(full_install(), run_kernels=True)
+    assert rc == 0, lines
+    assert keyed(lines)["verified"] == "amp_C,apex_C,fused_layer_norm_cuda,FusedAdam,FusedLayerNorm"
+    assert "error" not in keyed(lines) and "warning" not in keyed(lines)
+    checks = [ln for ln in lines if ln.startswith(("ok", "FAIL"))]
+    assert len(checks) == 6 and all(ln.startswith("ok") for ln in checks), checks
+
+
+def test_verify_without_a_gpu_warns_and_passes():
+    rc, lines = run_verify(full_install())
+    assert rc == 0
+    assert keyed(lines)["warning"] == apexcheck.NO_GPU_WARNING
+    assert keyed(lines)["verified"] == "amp_C,apex_C,fused_layer_norm_cuda"
+
+
+def test_verify_python_only_fails_in_one_sentence():
+    rc, lines = run_verify(python_only())
+    assert rc == 1
+    assert keyed(lines)["error"] == ("Python-only Apex: amp_C, apex_C, fused_layer_norm_cuda "
+                                     "missing")
+    assert "warning" in keyed(lines)  # apex itself imports; its kernels could not be run
+    assert sum(ln.startswith("FAIL import") for ln in lines) == 3
+
+
+def test_verify_catches_a_wrong_kernel_and_a_broken_extension():
+    modules = full_install(**{"apex.optimizers": module("o", FusedAdam=WrongAdam)})
+    rc, lines = run_verify(modules, run_kernels=True)
+    assert rc == 1 and keyed(lines)["error"].startswith("FusedAdam on the GPU (wrong result")
+    assert "FusedLayerNorm" in keyed(lines)["verified"]
+    abi = ImportError("amp_C.so: undefined symbol: _ZN3c10")
+    rc, lines = run_verify(full_install(amp_C=abi))
+    assert rc == 1 and keyed(lines)["error"].startswith("amp_C fails to import (ImportError")
+
+
+def test_verify_refuses_apex_from_the_legacy_folder(tmp_path):
+    legacy = tmp_path / "legacy-amp"
+    (legacy / "apex").mkdir(parents=True)
+    apex = module("apex", __file__=str(legacy / "apex" / "__init__.py"))
+    rc, lines = run_verify(full_install(apex=apex), legacy_dir=str(legacy))
+    assert rc == 1 and "legacy folder" in keyed(lines)["error"]
+    rc, _ = run_verify(full_install(apex=apex), legacy_dir=str(tmp_path / "elsewhere"))
+    assert rc == 0
+
+
+def test_verify_command_line_on_this_machine():
+    """``python -m helpers.apexcheck --verify`` is what build_apex.sh runs; without Apex it
+    exits 1 with one sentence."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "helpers.apexcheck", "--verify"],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    if apexcheck.machine.apex_importable():
+        pytest.skip("Apex is installed here")
+    assert out.returncode == 1, out.stdout + out.stderr
+    error = [ln for ln in out.stdout.splitlines() if ln.startswith("error=")]
+    assert error == [f"error=Apex is not installed for {sys.executable} (no module named 'apex')"]
+    assert out.stderr == ""

@@ -1,9 +1,11 @@
 """Tests for build_apex.sh that run anywhere: no GPU, no torch, no network.
 
 The script makes all of its environment decisions from ONE python probe that prints
-``key=value`` lines. Here ``python3`` is a shim that prints configurable probe lines and
-refuses every other call, ``git``/``pip`` are shims that fail loudly, and ``nvcc`` is a shim
-that prints a configurable CUDA release. PATH holds only those shims plus a toolbox of
+``key=value`` lines (nvcc among them: the probe asks ``helpers.environment.find_nvcc``, the
+course's one lookup, which ``test_probe_asks_the_course_for_nvcc`` runs for real). Here
+``python3`` is a shim that prints configurable probe lines, answers
+``-m helpers.apexcheck --verify`` with configurable lines and refuses every other call;
+``git``/``pip`` are shims that fail loudly. PATH holds only those shims plus a toolbox of
 symlinks to the few system tools the script uses, so no real python, nvcc, git or pip on
 the test machine can leak in, and nothing can be cloned or installed.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +54,11 @@ GOOD_PROBE = {
 
 PYTHON_SHIM = """#!/bin/bash
 echo "python3 $*" >>"$FAKE_CALLS"
+if [ "$1" = "-m" ] && [ "$2" = "helpers.apexcheck" ]; then
+    echo "verify env: PYTHONPATH=$PYTHONPATH PWD=$PWD" >>"$FAKE_CALLS"
+    printf '%s\n' "$FAKE_VERIFY"
+    exit "${FAKE_VERIFY_RC:-0}"
+fi
 if [ "$1" = "-" ]; then
     body=$(cat)
     case "$body" in
@@ -66,6 +74,17 @@ echo "{name} $*" >>"$FAKE_CALLS"
 echo "fake {name}: must not be called here: $*" >&2
 exit 96
 """
+
+PROBE_CALL = f"python3 - {REPO}"  # the probe gets the repo, where helpers.environment is
+
+# What `python -m helpers.apexcheck --verify` prints for a good build on a GPU.
+GOOD_VERIFY = [
+    "ok   import amp_C", "ok   import apex_C", "ok   import fused_layer_norm_cuda",
+    "ok   import apex (FusedAdam, FusedLayerNorm)",
+    "ok   FusedAdam on cuda matches torch in float64",
+    "ok   FusedLayerNorm on cuda matches torch in float64",
+    "verified=amp_C,apex_C,fused_layer_norm_cuda,FusedAdam,FusedLayerNorm",
+]  # fmt: skip
 
 NVCC_SHIM = """#!/bin/bash
 echo "nvcc: NVIDIA (R) Cuda compiler driver"
@@ -96,6 +115,7 @@ class Sandbox:
     toolbox: Path
     probe: dict[str, str] = field(default_factory=lambda: dict(GOOD_PROBE))
     env: dict[str, str] = field(default_factory=dict)
+    verify: list[str] = field(default_factory=lambda: list(GOOD_VERIFY))
 
     @property
     def bin(self) -> Path:
@@ -113,8 +133,14 @@ class Sandbox:
         return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
 
     def nvcc(self, where: Path, version: str) -> Path:
+        """A toolkit folder ``where`` whose nvcc reports ``version``, as the probe finds it."""
         _write_exe(where / "bin" / "nvcc", NVCC_SHIM.format(v=version))
+        self.probe.update(nvcc=str(where / "bin" / "nvcc"), nvcc_release=version)
         return where
+
+    def no_nvcc(self) -> None:
+        self.env.pop("CUDA_HOME", None)
+        self.probe.update(nvcc="", nvcc_release="")
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         probe_lines = "\n".join(f"{k}={v}" for k, v in self.probe.items())
@@ -125,6 +151,7 @@ class Sandbox:
             "APEX_WORKDIR": str(self.workdir),
             "FAKE_PROBE": probe_lines,
             "FAKE_CALLS": str(self.calls_file),
+            "FAKE_VERIFY": "\n".join(self.verify),
             **self.env,
         }
         env = {k: v for k, v in env.items() if v is not None}
@@ -152,7 +179,7 @@ def box(tmp_path: Path, toolbox: Path) -> Sandbox:
 def assert_untouched(sb: Sandbox) -> None:
     """Only the probe ran: no git, no pip, no other python call, no work folder."""
     calls = sb.calls()
-    assert calls == ["python3 -"], calls
+    assert calls == [PROBE_CALL], calls
     assert not sb.workdir.exists()
 
 
@@ -237,7 +264,7 @@ def test_cpu_only_torch(box: Sandbox) -> None:
 
 
 def test_no_nvcc(box: Sandbox) -> None:
-    del box.env["CUDA_HOME"]
+    box.no_nvcc()
     result = box.run()
     assert_preflight_error(result, "no nvcc found", "cuda-nvcc=13.0 cuda-toolkit=13.0", "CUDA_HOME")
     assert_untouched(box)
@@ -279,9 +306,23 @@ def test_no_gpu_and_no_arch_list(box: Sandbox) -> None:
     assert_untouched(box)
 
 
+def test_nvcc_release_unreadable(box: Sandbox) -> None:
+    box.probe["nvcc_release"] = ""
+    assert_preflight_error(box.run(), "could not read the CUDA release", "CUDA_HOME")
+    assert_untouched(box)
+
+
+def test_nvcc_lookup_failing_stops_the_main_build_only(box: Sandbox) -> None:
+    box.probe.update(nvcc_error="ModuleNotFoundError: No module named 'helpers'")
+    assert_preflight_error(box.run("--dry-run"), "nvcc lookup", "No module named 'helpers'")
+    result = box.run("--legacy-only", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "could not look for nvcc" in result.stderr
+
+
 def test_checks_run_in_order(box: Sandbox) -> None:
     # Both torch and nvcc are missing: the torch problem is reported first.
-    del box.env["CUDA_HOME"]
+    box.no_nvcc()
     box.probe = {k: v for k, v in box.probe.items() if not k.startswith(("torch", "gpu", "cuda"))}
     box.probe["torch_error"] = "ModuleNotFoundError: No module named 'torch'"
     assert_preflight_error(box.run(), "PyTorch cannot be imported")
@@ -347,13 +388,52 @@ def test_apex_ref_override_in_plan(box: Sandbox) -> None:
     assert PINNED not in result.stdout
 
 
-def test_nvcc_found_in_conda_prefix(box: Sandbox) -> None:
+def test_cuda_home_is_the_toolkit_of_the_nvcc_found(box: Sandbox) -> None:
     del box.env["CUDA_HOME"]
     conda = box.nvcc(box.root / "conda-env", "13.0")
-    box.env["CONDA_PREFIX"] = str(conda)
     result = box.run("--dry-run")
     assert result.returncode == 0, result.stderr
     assert plan(result)["CUDA_HOME"] == str(conda)
+    assert "warning" not in result.stderr
+
+
+def test_cuda_home_without_nvcc_is_named(box: Sandbox) -> None:
+    box.env["CUDA_HOME"] = str(box.root / "empty-toolkit")
+    conda = box.nvcc(box.root / "conda-env", "13.0")
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert f"CUDA_HOME={box.root / 'empty-toolkit'} has no bin/nvcc" in result.stderr
+    assert plan(result)["CUDA_HOME"] == str(conda)
+
+
+def _probe_source() -> str:
+    """The python heredoc of build_apex.sh's environment probe."""
+    match = re.search(r"<<'PY'\n(# build_apex.sh environment probe\n.*?)^PY$",
+                      SCRIPT.read_text(), re.S | re.M)
+    assert match, "build_apex.sh has no environment probe heredoc"
+    return match.group(1)
+
+
+def test_probe_asks_the_course_for_nvcc(tmp_path: Path) -> None:
+    """The real probe, run by the real python: nvcc comes from helpers.environment.find_nvcc
+    ($CUDA_HOME/bin, then $CONDA_PREFIX/bin, then PATH), with its release."""
+    for name, version in (("cuda", "12.8"), ("conda", "13.0")):
+        _write_exe(tmp_path / name / "bin" / "nvcc", NVCC_SHIM.format(v=version))
+    base = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+
+    def probe(**env: str) -> dict[str, str]:
+        result = subprocess.run([sys.executable, "-", str(REPO)], input=_probe_source(),
+                                env={**base, **env}, capture_output=True, text=True,
+                                timeout=120, check=True)
+        return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+    got = probe(CUDA_HOME=str(tmp_path / "cuda"), CONDA_PREFIX=str(tmp_path / "conda"))
+    assert "nvcc_error" not in got, got
+    assert got["nvcc"] == str(tmp_path / "cuda" / "bin" / "nvcc")
+    assert got["nvcc_release"] == "12.8"
+    got = probe(CUDA_HOME=str(tmp_path / "none"), CONDA_PREFIX=str(tmp_path / "conda"))
+    assert got["nvcc"] == str(tmp_path / "conda" / "bin" / "nvcc")
+    assert got["nvcc_release"] == "13.0"
 
 
 def test_plan_reports_existing_marker(box: Sandbox) -> None:
@@ -439,7 +519,7 @@ def test_apex_src_without_setup_py_is_refused(box: Sandbox) -> None:
 
 
 def test_legacy_only_needs_no_nvcc_gpu_or_ninja(box: Sandbox) -> None:
-    del box.env["CUDA_HOME"]
+    box.no_nvcc()
     box.probe.update(cuda_available="False", gpu_count="0", gpu_caps="", ninja="no",
                      ninja_bin="")  # fmt: skip
     result = box.run("--legacy-only", "--dry-run")
@@ -470,6 +550,64 @@ def test_legacy_amp_adds_to_main_plan(box: Sandbox) -> None:
     result = box.run("--legacy-amp", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert PINNED in result.stdout and LEGACY in result.stdout
+
+
+# ------------------------------------------------------------------------- verification
+
+
+def _current_marker(box: Sandbox) -> None:
+    """A marker that says the pinned commit is built for the probed torch."""
+    box.workdir.mkdir()
+    marker = {"commit": PINNED, "torch_version": GOOD_PROBE["torch_version"]}
+    (box.workdir / "installed.json").write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def test_verification_is_helpers_apexcheck_without_the_legacy_folder(box: Sandbox) -> None:
+    _current_marker(box)
+    legacy = box.workdir / "legacy-amp"
+    box.env["PYTHONPATH"] = f"{legacy}:/elsewhere"
+    result = box.run()
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "already built for torch 2.11.0+cu130 and verified" in result.stdout
+    assert "  ok   FusedLayerNorm on cuda matches torch in float64" in result.stdout
+    calls = box.calls()
+    assert calls[1] == f"python3 -m helpers.apexcheck --verify --legacy-dir {legacy}"
+    assert calls[2] == f"verify env: PYTHONPATH={REPO}:/elsewhere PWD={box.workdir}"
+    assert not any(c.startswith(("git", "pip")) for c in calls)
+    assert "verified=" in (box.workdir / "verify.log").read_text()
+
+
+def test_verification_without_a_gpu_warns_and_passes(box: Sandbox) -> None:
+    _current_marker(box)
+    box.verify = GOOD_VERIFY[:4] + [
+        "warning=no GPU visible: extensions imported, kernels not exercised",
+        "verified=amp_C,apex_C,fused_layer_norm_cuda"]
+    result = box.run()
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert ("build_apex.sh: warning: no GPU visible: extensions imported, kernels not "
+            "exercised") in result.stderr
+    assert "warning=" not in result.stdout
+
+
+def test_failed_verification_rebuilds_with_its_sentence(box: Sandbox) -> None:
+    _current_marker(box)
+    box.verify = ["FAIL import amp_C: ModuleNotFoundError: No module named 'amp_C'",
+                  "verified=apex_C,fused_layer_norm_cuda",
+                  "error=Python-only Apex: amp_C missing"]
+    box.env["FAKE_VERIFY_RC"] = "1"
+    result = box.run()
+    assert "matches, but verification fails (Python-only Apex: amp_C missing); rebuilding." \
+        in result.stdout
+    assert result.returncode == 4  # the rebuild's clone is refused by the fake git
+
+
+def test_verification_crash_without_a_sentence_is_reported(box: Sandbox) -> None:
+    _current_marker(box)
+    box.verify = ["Traceback (most recent call last):"]
+    box.env["FAKE_VERIFY_RC"] = "1"
+    result = box.run()
+    assert "helpers.apexcheck --verify exited with status 1" in result.stdout
+    assert result.returncode == 4
 
 
 # ----------------------------------------------------------------------------- shellcheck
