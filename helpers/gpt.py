@@ -372,24 +372,6 @@ def saved_bytes(fn: Callable[[], object]) -> int:
     return sum(seen.values())
 
 
-def time_fwd_bwd(module: nn.Module, x: torch.Tensor, amp: torch.dtype | None, *,
-                 label: str) -> bench.Timing:
-    """Forward + backward of ``module(x)`` under autocast to ``amp`` (``bench.benchmark``), the
-    output's dtype in ``meta['out_dtype']``; the upstream gradient is cast outside the timing."""
-    with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
-        out_dtype = module(x).dtype
-    grad = torch.randn(x.shape, device=x.device, dtype=out_dtype)
-
-    def fwd_bwd() -> None:
-        with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
-            out = module(x)
-        out.backward(grad)
-
-    timing = bench.benchmark(fwd_bwd, label=label, warmup=5, repeats=30, device=x.device)
-    timing.meta["out_dtype"] = str(out_dtype).removeprefix("torch.")
-    return timing
-
-
 # ------------------------------------------------------------------ tables and readings
 def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per_token: float,
                 peak_tflops: float) -> pd.DataFrame:
