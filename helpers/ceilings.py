@@ -93,6 +93,9 @@ def _measure_matmul(device: torch.device, n: int, dtype: torch.dtype, allow_tf32
     return tflops(matmul_flops(n, n, n), t.median_ms)
 
 
+MIN_REPEATS = 5  # a cached ceiling measured with fewer repeats is measured again
+
+
 def read_cache(path: Path) -> tuple[dict | None, str]:
     """The cached ceilings if they are whole and plausible, else (None, what is wrong)."""
     try:
@@ -110,6 +113,8 @@ def read_cache(path: Path) -> tuple[dict | None, str]:
     if peak is not None and rates.get("bf16", 0) > 1.05 * peak[0]:
         return None, (f"bf16 ceiling {rates['bf16']:.0f} TFLOP/s is above the datasheet's "
                       f"{peak[0]:g}")
+    if int(data.get("repeats", 0)) < MIN_REPEATS:
+        return None, f"measured with fewer than {MIN_REPEATS} repeats (or by an older course)"
     return data, ""
 
 
@@ -147,6 +152,7 @@ def measure_ceilings(device: torch.device | str | None = None, *, force: bool = 
         "copy_size_bytes": copy_bytes,
         "matmul_tflops": rates,
         "matmul_n": n,
+        "repeats": repeats,
         "matmul_data": "random normal",
     }
     save_json(path.stem, result, directory=path.parent)
@@ -194,6 +200,19 @@ def peak_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, 
     if "fp32" in rates:
         return float(rates["fp32"]), "measured fp32 matmul ceiling (no bf16 tensor cores here)"
     raise ValueError(f"no peak known for '{device_name}' and no measured ceilings given")
+
+
+def above_ceiling(percentages: dict[str, float], ceiling: str, device: torch.device | str) -> str:
+    """'' when every percentage is at most 100; else one sentence naming those above the
+    ``ceiling``, the likely cause and the fix (no figure above its ceiling stands as a fact)."""
+    above = {k: v for k, v in percentages.items() if v == v and v > 100.0}
+    if not above:
+        return ""
+    names = ", ".join(f"{k} {v:.0f}%" for k, v in above.items())
+    path = cache_path(torch.device(device))
+    return (f"CHECK: {names} of the {ceiling} - above 100%, so the ceiling is too low, most "
+            f"likely measured while the machine was busy: delete {path} (or run notebook 01, "
+            "which measures it afresh) on an idle machine and run this notebook again.")
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak: float) -> float:

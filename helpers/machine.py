@@ -57,6 +57,36 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def check_parameters(namespace: dict, expected: dict[str, type | tuple[type, ...]]) -> None:
+    """Refuse, in one sentence and before any work, a parameters-cell value of the wrong type:
+    ``check_parameters(globals(), {"steps": (int, type(None)), "lr": float})``. An int passes
+    for a float; a bool never passes for a number."""
+    for name, kinds in expected.items():
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        value = namespace.get(name)
+        ok = any(isinstance(value, k) and not (isinstance(value, bool) and k in (int, float))
+                 or (k is float and isinstance(value, int) and not isinstance(value, bool))
+                 for k in kinds)
+        if not ok:
+            want = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+            stop(f"Parameter {name} = {value!r} must be {want}: fix it in the parameters cell "
+                 "(the first code cell) and run the notebook again.")
+
+
+def cuda_failure(exc: BaseException) -> str:
+    """One sentence, with the fix, for a CUDA error raised by a first kernel launch."""
+    text = str(exc)
+    if "no kernel image" in text:
+        return ("CUDA error: this torch has no kernels for this GPU's compute capability; "
+                "install a torch build that supports it (pip install torch from the CUDA index "
+                "matching your driver).")
+    if "driver" in text.lower() or "CUDA_ERROR" in text or "initialization" in text.lower():
+        return (f"CUDA error from the driver ({one_line(exc)}): run nvidia-smi; update the "
+                "NVIDIA driver to one that supports torch's CUDA release, or restart the "
+                "machine if nvidia-smi fails too.")
+    return f"CUDA error ({one_line(exc)}): run nvidia-smi and check the GPU is not in use."
+
+
 def stop(sentence: str) -> None:
     """End the notebook (or script) here with one sentence and no traceback."""
     raise SystemExit(sentence)

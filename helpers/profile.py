@@ -15,8 +15,12 @@ NAMES = ("smoke", "full")
 T = TypeVar("T")
 
 
-class ProfileError(ValueError):
-    """Raised for a profile name the course does not know or cannot honour."""
+class ProfileError(SystemExit):
+    """A profile name the course does not know or cannot honour. A SystemExit, so that a
+    notebook stops on its one sentence (IPython shows no traceback for it)."""
+
+    def __str__(self) -> str:
+        return str(self.code)
 
 
 @dataclass(frozen=True)

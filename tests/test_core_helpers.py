@@ -374,3 +374,54 @@ def test_peak_and_mfu():
     with pytest.raises(ValueError):
         ceilings.peak_tflops("mystery")
     assert ceilings.mfu(6e9, 1e3, 12.0) == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- faults: one sentence each
+
+
+def test_check_parameters_refuses_a_wrong_type_in_one_sentence():
+    ok = {"steps": 10, "lr": 1, "batch": None, "flag": True, "eps": (1e-3,)}
+    machine.check_parameters(ok, {"steps": int, "lr": float, "batch": (int, type(None)),
+                                  "flag": bool, "eps": (tuple, float)})
+    with pytest.raises(SystemExit) as info:
+        machine.check_parameters({"o3_eps": "1e-3"}, {"o3_eps": (tuple, list, float)})
+    message = str(info.value)
+    assert message.count("\n") == 0 and "o3_eps = '1e-3' must be tuple or list or float" in message
+    with pytest.raises(SystemExit, match="steps = True must be int"):
+        machine.check_parameters({"steps": True}, {"steps": int})  # a bool is not a count
+    with pytest.raises(SystemExit, match="missing = None must be int"):
+        machine.check_parameters({}, {"missing": int})
+
+
+@pytest.mark.parametrize("error, expected", [
+    ("CUDA error: no kernel image is available for execution on the device", "no kernels for"),
+    ("CUDA driver initialization failed, you might not have a CUDA gpu.", "nvidia-smi"),
+    ("CUDA error: an illegal memory access was encountered", "CUDA error (RuntimeError"),
+])
+def test_cuda_failures_become_one_sentence_with_the_fix(error, expected):
+    sentence = machine.cuda_failure(RuntimeError(error))
+    assert expected in sentence and "\n" not in sentence
+
+
+def test_a_figure_above_its_ceiling_is_flagged_with_the_fix():
+    assert ceilings.above_ceiling({"a": 99.9, "b": float("nan")}, "copy ceiling", "cpu") == ""
+    flag = ceilings.above_ceiling({"path 3": 361.2, "path 1": 40.0}, "peak", "cpu")
+    assert flag.startswith("CHECK: path 3 361% of the peak") and "path 1" not in flag
+    assert str(ceilings.cache_path(torch.device("cpu"))) in flag and "busy" in flag
+
+
+def test_a_cache_measured_with_too_few_repeats_is_measured_again(capsys):
+    first = ceilings.measure_ceilings("cpu")
+    assert first["repeats"] >= ceilings.MIN_REPEATS
+    path = ceilings.cache_path(torch.device("cpu"))
+    path.write_text(json.dumps(dict(first, repeats=1)))
+    assert "fewer than" in ceilings.read_cache(path)[1]
+    assert ceilings.measure_ceilings("cpu")["repeats"] >= ceilings.MIN_REPEATS
+    assert "measuring the ceilings again" in capsys.readouterr().out
+
+
+def test_an_unknown_profile_stops_a_notebook_without_a_traceback():
+    with pytest.raises(SystemExit) as info:  # IPython prints a SystemExit as its message only
+        resolve("bogus", cuda=False)
+    assert str(info.value).startswith("unknown profile 'bogus'")
+    assert resolve("SMOKE", cuda=False).name == "smoke"  # names are case-insensitive

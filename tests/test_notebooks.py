@@ -44,3 +44,23 @@ def test_smoke_profile_is_fast(smoke_run):
     _, runs = smoke_run
     total = sum(r.seconds for r in runs.values())
     assert total < SMOKE_BUDGET_S, f"smoke notebooks took {total:.0f} s (budget {SMOKE_BUDGET_S})"
+
+
+@pytest.mark.notebook
+def test_a_wrong_parameter_type_stops_the_notebook_in_one_sentence(tmp_path):
+    """A float where a tuple is expected, a string where a number is: refused before any work,
+    in one sentence (a SystemExit, which IPython prints without a traceback)."""
+    source = ROOT / "notebooks" / "04_legacy_apex_amp_vs_torch_amp.ipynb"
+    nb = nbformat.read(source, as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = params.source.replace("legacy_timeout_s = 300", 'legacy_timeout_s = "300"')
+    path = tmp_path / source.name
+    nbformat.write(nb, path)
+    run = runner.execute(path, tmp_path / "out", profile="smoke", timeout=120)
+    assert not run.ok
+    assert run.error.startswith("SystemExit: Parameter legacy_timeout_s = '300' must be float")
+    executed = nbformat.read(run.output, as_version=4)
+    errors = [(i, o) for i, c in enumerate(executed.cells) for o in c.get("outputs", [])
+              if o.output_type == "error"]
+    assert len(errors) == 1 and "check_parameters" in executed.cells[errors[0][0]].source
+    assert not list((tmp_path / "out" / "results").glob("04_*"))  # nothing ran before it
