@@ -22,20 +22,20 @@ run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execut
 	else \
 	  echo "make run: no CUDA GPU here, so Apex is not built; the notebooks run in the small 'smoke' profile and skip GPU-only cells."; \
 	fi; \
-	$$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
+	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE)
 
 test:  ## prepare the environment and run the test suite (unit tests, smoke notebooks, hygiene)
 	@py=$$($(ENSURE)); $$py -m pytest -q
 
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
-	@py=$$($(ENSURE_RUN)); $$py -m helpers.runner --out $(OUT) --profile $(PROFILE)
+	@py=$$($(ENSURE_RUN)); $$py -m coursetools.runner --out $(OUT) --profile $(PROFILE)
 
 report:  ## on a CUDA machine: build Apex if needed, then a full-profile run into reports/<gpu>/
 	@py=$$($(ENSURE_RUN)); \
 	$$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
 	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
-	$$py -m helpers.report
+	$$py -m coursetools.report
 
 lab:  ## open JupyterLab on the notebooks
 	@py=$$($(ENSURE)); \
