@@ -13,6 +13,7 @@ help:  ## list the targets
 
 run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execute all notebooks
 	@py=$$($(ENSURE_RUN)); \
+	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) --check; \
 	if $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)" 2>/dev/null \
 	   && $$py -c "import sys; from helpers.environment import find_nvcc; sys.exit(0 if find_nvcc() else 1)"; then \
 	  PYTHON=$$py ./build_apex.sh --legacy-amp \

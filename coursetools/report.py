@@ -68,6 +68,8 @@ def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile:
 
 def validate_summary(summary: dict) -> list[str]:
     """Problems that make a summary unusable (empty list when well-formed)."""
+    if not isinstance(summary, dict):
+        return ["it holds no JSON object"]
     problems = [f"missing key '{k}'" for k in SUMMARY_KEYS if k not in summary]
     for index, row in enumerate(summary.get("transformer_paths", [])):
         problems += [f"transformer_paths[{index}] lacks '{k}'" for k in PATH_KEYS if k not in row]
@@ -118,7 +120,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the README headline table of SUMMARY and exit")
     args = parser.parse_args(argv)
     if args.readme_table:
-        print(readme_table(json.loads(args.readme_table.read_text())))
+        try:
+            summary = json.loads(args.readme_table.read_text())
+            problems = validate_summary(summary)
+        except (OSError, ValueError) as exc:
+            problems = [f"cannot read it ({type(exc).__name__}: {exc})"]
+        if problems:
+            print(f"report: error: {args.readme_table} is not a usable summary.json: "
+                  f"{problems[0]}; run `make report` on a GPU machine to write one.",
+                  file=sys.stderr)
+            return 2
+        print(readme_table(summary))
         return 0
     if args.profile == "full" and not machine.cuda_available():
         print("report: error: a reference report needs a CUDA GPU and torch sees none; "
@@ -128,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment.environment_report()
     out = args.out or ROOT / "reports" / gpu_slug(env.get("gpu_name") or "cpu")
     notebooks = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    runs = runner.run_all(notebooks, out, profile=args.profile)
+    problem = runner.out_problem(out)
+    if problem:
+        print(f"report: error: {problem}", file=sys.stderr)
+        return 2
+    runs = runner.run_into(notebooks, out, profile=args.profile, keep_previous=False)
     summary = build_summary(out, runs, env, args.profile)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(runner.summary(runs))

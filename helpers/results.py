@@ -28,7 +28,13 @@ def results_dir() -> Path:
     else:
         root = repo_root()
         path = (root if root is not None else Path.cwd()) / "results"
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise SystemExit(f"Cannot write results to {path} ({exc.strerror or exc}): set "
+                         f"{ENV_VAR} to a writable folder and run again.") from None
     return path
 
 
