@@ -38,10 +38,17 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
 	$$py -m coursetools.report
 
-lab:  ## open JupyterLab on the notebooks
+lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
 	@py=$$($(ENSURE)); \
-	$$py -c "import jupyterlab, ipywidgets" 2>/dev/null || $$py -m pip install -q "jupyterlab==4.6.6" "ipywidgets==8.1.9"; \
-	cd notebooks && $$py -m jupyterlab
+	if ! $$py -c "import jupyterlab, ipywidgets" 2>/dev/null; then \
+	  pins=$$(grep -oE '^(jupyterlab|ipywidgets)==[^ #]+' requirements.txt | tr '\n' ' ' || true); \
+	  [ -n "$$pins" ] || { echo "make lab: requirements.txt pins no jupyterlab or ipywidgets"; exit 2; }; \
+	  echo "make lab: installing $$pins(the pins of requirements.txt, about 25 MB with their dependencies)"; \
+	  $$py -m pip install $$pins; \
+	fi; \
+	root_flag=; if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; fi; \
+	echo "make lab: starting JupyterLab on notebooks/; open the http://127.0.0.1:8888/lab?token=... URL it prints (Ctrl-C stops it)"; \
+	cd notebooks && exec $$py -m jupyterlab --no-browser --ServerApp.ip=127.0.0.1 $$root_flag
 
 apex:  ## build Apex with its CUDA/C++ extensions and the legacy apex.amp install
 	@py=$$($(ENSURE_RUN)); PYTHON=$$py ./build_apex.sh --legacy-amp

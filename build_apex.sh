@@ -18,8 +18,39 @@ readonly MIN_PIP="23.1"
 readonly GIB_PER_JOB=4       # memory budget per parallel nvcc/ninja job
 readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD cap)
 
+# Build-time figures for the estimate printed before a build, measured on 2026-12-01 in one
+# build on an NVIDIA H200 machine with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0):
+# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), APEX_JOBS=48:
+#   126 s wall, 541 s user + 45 s sys of CPU time;
+# - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, what this script
+#   builds), APEX_PARALLEL_BUILD=8 MAX_JOBS=2: 201-267 s wall (its CPU time was not measured).
+readonly EST_CPUS=16                 # CPUs of the machine the figures come from
+readonly EST_COURSE_EXT_CPU_S=586    # CPU-seconds (541 user + 45 sys) per architecture
+readonly EST_COURSE_EXT_WALL_S=126   # wall seconds per architecture (the floor of the model)
+readonly EST_FULL_WALL_S_MIN=201     # full build, wall seconds on EST_CPUS CPUs, fastest run
+readonly EST_FULL_WALL_S_MAX=267     # ... slowest run
+
+# Versions that the install hints pin where requirements.txt does not name the package.
+readonly COURSE_CUDA="13.0"          # CUDA of the torch wheels the hints point at (cu130)
+readonly DEFAULT_TORCH_PIN="2.13.0"
+readonly DEFAULT_NINJA_PIN="1.13.0"
+readonly PIP_PIN="26.3"
+readonly SETUPTOOLS_PIN="84.2.1" PACKAGING_PIN="26.3" WHEEL_PIN="0.48.0"
+
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly REPO_ROOT
+
+# req_pin NAME DEFAULT: the exact version requirements.txt pins for NAME (NAME==X), else DEFAULT.
+req_pin() {
+    local pin=""
+    if [[ -f "$REPO_ROOT/requirements.txt" ]]; then
+        pin="$(sed -n "s/^$1==\([^[:space:]#;]*\).*/\1/p" "$REPO_ROOT/requirements.txt" | head -n 1)"
+    fi
+    printf '%s' "${pin:-$2}"
+}
+TORCH_PIN="$(req_pin torch "$DEFAULT_TORCH_PIN")"
+NINJA_PIN="$(req_pin ninja "$DEFAULT_NINJA_PIN")"
+readonly TORCH_PIN NINJA_PIN
 
 usage() {
     cat <<EOF
@@ -31,9 +62,14 @@ into the Python environment of \$PYTHON, then verifies it on the GPU.
 
 Options:
   --help, -h      Show this help and exit.
-  --dry-run       Run the preflight checks and print the plan (source, commit, python,
-                  CUDA_HOME, nvcc version, arch list, jobs, install targets); clone,
-                  build and install nothing.
+  --dry-run       Run every preflight check and print the whole plan (source, commit, python,
+                  pip, torch, CUDA_HOME, nvcc version, ninja, arch list, jobs, build-time
+                  estimate, install targets); clone, build and install nothing. A check that
+                  fails is shown in the plan as "FAIL <check>: <what is wrong and the fix>"
+                  (one that cannot run without it as "not checked"), the first failure is
+                  also printed as the error a real run would stop with, and the exit code is
+                  that failure's (3). Without --dry-run the first failing check stops the
+                  script at once.
   --force         Rebuild even if the same verified commit is already installed.
   --legacy-amp    Additionally install the legacy commit (the last one with apex.amp)
                   Python-only into \$APEX_WORKDIR/legacy-amp. It never shadows the main
@@ -43,7 +79,9 @@ Options:
                   pip; no nvcc and no visible GPU (nothing is compiled).
 
 Environment:
-  PYTHON               Python interpreter to build for (default: python3).
+  PYTHON               Python interpreter to build for. Default: the course's
+                       <repo>/.venv/bin/python when it exists (what \`make\` creates), else
+                       python3 on PATH; the plan's python line says which.
   APEX_REF             Full 40-hex commit to build
                        (default: $PINNED_REF).
   APEX_SRC             Local Apex source folder to use instead of cloning. A git checkout
@@ -62,6 +100,16 @@ Environment:
                        \$CONDA_PREFIX/bin, then PATH. CUDA_HOME is exported for the build.
   NVCC_APPEND_FLAGS    Passed through to nvcc unchanged.
 
+Build-time estimate (printed before a build and in the plan; an estimate, not a measurement),
+from one build on a $EST_CPUS-CPU NVIDIA H200 machine on 2026-12-01 for one architecture:
+  three extensions  amp_C, apex_C and fused_layer_norm_cuda (what the course uses) took
+                    $EST_COURSE_EXT_CPU_S CPU-s there: $EST_COURSE_EXT_CPU_S s x architectures / jobs, where jobs =
+                    min(CPUs, APEX_PARALLEL_BUILD x MAX_JOBS), and at least their ${EST_COURSE_EXT_WALL_S} s
+                    wall time there per architecture.
+  full build        what this script builds (about 30 extensions) took $EST_FULL_WALL_S_MIN-$EST_FULL_WALL_S_MAX s of
+                    wall time there (CPU time not measured): x $EST_CPUS / jobs (never below x 1)
+                    x architectures, a rough upper-bound guess.
+
 Files (under \$APEX_WORKDIR):
   src/apex, src/apex-legacy  source trees that are built
   build.log, legacy-build.log, verify.log
@@ -70,10 +118,10 @@ Files (under \$APEX_WORKDIR):
   legacy-installed.json  written after the legacy install is verified
 
 Exit codes:
-  0  success (or already built and verified)
+  0  success (or already built and verified; for --dry-run: every check passed)
   2  usage error (unknown option, malformed APEX_REF/APEX_JOBS)
   3  preflight failed (missing python/torch/nvcc/pip/ninja/GPU, version mismatch,
-     APEX_SRC not at APEX_REF)
+     APEX_SRC not at APEX_REF); --dry-run exits 3 too, after printing the whole plan
   4  fetching or building Apex failed (see the build log)
   5  verification of the installed Apex failed
 EOF
@@ -106,7 +154,14 @@ for arg in "$@"; do
     esac
 done
 
-PYTHON="${PYTHON:-python3}"
+# The course's .venv (built by `make`) when PYTHON is not set, else python3 on PATH.
+if [[ -n "${PYTHON:-}" ]]; then
+    PYTHON_SOURCE="from PYTHON"
+elif [[ -f "$REPO_ROOT/.venv/bin/python" && -x "$REPO_ROOT/.venv/bin/python" ]]; then
+    PYTHON="$REPO_ROOT/.venv/bin/python" PYTHON_SOURCE="the course's .venv; PYTHON is unset"
+else
+    PYTHON="python3" PYTHON_SOURCE="python3 on PATH; PYTHON is unset and there is no .venv"
+fi
 APEX_REF="$(printf '%s' "${APEX_REF:-$PINNED_REF}" | tr 'A-F' 'a-f')"
 APEX_LEGACY_REF="$(printf '%s' "${APEX_LEGACY_REF:-$LEGACY_PINNED_REF}" | tr 'A-F' 'a-f')"
 APEX_SRC="${APEX_SRC:-}"
@@ -139,18 +194,40 @@ for _pp in "${_pp_entries[@]}"; do
     CLEAN_PYTHONPATH="${CLEAN_PYTHONPATH:+$CLEAN_PYTHONPATH:}$_pp"
 done
 
+# ------------------------------------------------------------------ preflight bookkeeping
+# check_fail LABEL CODE MESSAGE...: a preflight check failed. A real run dies with MESSAGE at
+# once; --dry-run records it, runs the remaining checks and shows it as "FAIL LABEL: MESSAGE"
+# in the plan, then exits with the first failure's code (and prints that one as the error).
+declare -A FAIL_OF=() SKIP_OF=()
+FAIL_COUNT=0 FIRST_FAIL_CODE=0 FIRST_FAIL_MSG=""
+check_fail() {
+    local label=$1 code=$2
+    shift 2
+    ((DRY_RUN)) || die "$code" "$@"
+    FAIL_OF[$label]="$*"
+    FAIL_COUNT=$((FAIL_COUNT + 1))
+    if ((FIRST_FAIL_CODE == 0)); then
+        FIRST_FAIL_CODE=$code FIRST_FAIL_MSG="$*"
+    fi
+}
+# not_checked LABEL REASON: a check that cannot run because an earlier one failed (dry run).
+not_checked() { SKIP_OF[$1]="$2"; }
+failed() { [[ -n "${FAIL_OF[$1]:-}" ]]; }
+
 # --------------------------------------------------------------------- environment probe
 # (1) python must exist before it can be probed.
 PYTHON_BIN="$(command -v "$PYTHON" || true)"
-[[ -n "$PYTHON_BIN" ]] || die 3 "Python interpreter '$PYTHON' was not found, and Apex is" \
-    "built for the Python environment that will run the notebooks; activate that environment" \
-    "(e.g. \`conda env create -f environment.yml && conda activate <env>\`) or set PYTHON=/path/to/python."
-[[ "$PYTHON_BIN" == /* ]] || PYTHON_BIN="$PWD/$PYTHON_BIN"
+PROBED=0 probe_out=""
+if [[ -z "$PYTHON_BIN" ]]; then
+    check_fail python 3 "Python interpreter '$PYTHON' was not found, and Apex is" \
+        "built for the Python environment that will run the notebooks; activate that environment" \
+        "(e.g. \`conda env create -f environment.yml && conda activate <env>\`) or set PYTHON=/path/to/python."
+else
+    [[ "$PYTHON_BIN" == /* ]] || PYTHON_BIN="$PWD/$PYTHON_BIN"
 
-# One probe, printing key=value lines; all decisions are made in bash below. nvcc is looked up
-# by the course's one implementation, helpers.environment.find_nvcc (the repo is its argument).
-probe_out=""
-if ! probe_out="$("$PYTHON_BIN" - "$REPO_ROOT" <<'PY'
+    # One probe, printing key=value lines; all decisions are made in bash below. nvcc is looked
+    # up by the course's one implementation, helpers.environment.find_nvcc (the repo is its argument).
+    if probe_out="$("$PYTHON_BIN" - "$REPO_ROOT" <<'PY'
 # build_apex.sh environment probe
 import os, shutil, sys, sysconfig
 def out(key, value):
@@ -220,9 +297,12 @@ else:
     except Exception as exc:
         out("nvcc_error", f"{type(exc).__name__}: {exc}")
 PY
-)"; then
-    die 3 "'$PYTHON_BIN' failed to run the environment probe, so nothing about the environment" \
-        "can be trusted; check that \`$PYTHON -c 'import sys'\` works in this shell."
+    )"; then
+        PROBED=1
+    else
+        check_fail python 3 "'$PYTHON_BIN' failed to run the environment probe, so nothing about" \
+            "the environment can be trusted; check that \`$PYTHON -c 'import sys'\` works in this shell."
+    fi
 fi
 
 declare -A P=()
@@ -244,23 +324,60 @@ version_ge() {
 major_minor() { sed -n 's/^\([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1.\2/p' <<<"$1"; }
 
 # ------------------------------------------------------------------------------ preflight
+# Every check runs in this order; a real run stops at the first failure (check_fail).
+NO_PYTHON="needs a working python, see FAIL python"
+if ((!PROBED)); then
+    for _label in torch pip "build backend" ninja jobs estimate; do
+        not_checked "$_label" "$NO_PYTHON"
+    done
+    if ((WANT_MAIN)); then
+        not_checked nvcc "$NO_PYTHON"
+    fi
+fi
+
 # (2) torch
-[[ -z "$(p torch_error)" && -n "$(p torch_version)" ]] || die 3 "PyTorch cannot be imported by" \
-    "$PYTHON_BIN ($(p torch_error)), and Apex is compiled against and runs on the installed torch;" \
-    "install torch with CUDA first, e.g. \`conda env create -f environment.yml\`."
-TORCH_VERSION="$(p torch_version)"
-TORCH_CUDA="$(p torch_cuda)"
-[[ "$TORCH_CUDA" == "None" ]] && TORCH_CUDA=""
+TORCH_OK=0 TORCH_VERSION="" TORCH_CUDA="" TORCH_CUDA_MM=""
+if ((PROBED)); then
+    if [[ -z "$(p torch_error)" && -n "$(p torch_version)" ]]; then
+        TORCH_OK=1
+        TORCH_VERSION="$(p torch_version)"
+        TORCH_CUDA="$(p torch_cuda)"
+        [[ "$TORCH_CUDA" == "None" ]] && TORCH_CUDA=""
+        TORCH_CUDA_MM="$(major_minor "$TORCH_CUDA")"
+    else
+        check_fail torch 3 "PyTorch cannot be imported by" \
+            "$PYTHON_BIN ($(p torch_error)), and Apex is compiled against and runs on the installed torch;" \
+            "install torch with CUDA first, e.g. \`conda env create -f environment.yml\`."
+    fi
+fi
+
+# (3) CPU-only torch. The legacy install compiles nothing, but its setup.py needs torch's
+# CUDA_HOME, which a CPU build of torch leaves unset - and apex.amp's O1-O3 need a GPU anyway.
+if ((TORCH_OK)) && [[ -z "$TORCH_CUDA" ]]; then
+    if ((WANT_MAIN)); then
+        check_fail torch 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda" \
+            "is None), but Apex's CUDA kernels need a CUDA build of torch; install one, e.g." \
+            "\`conda env create -f environment.yml\` or \`$PYTHON -m pip install torch==$TORCH_PIN" \
+            "--index-url https://download.pytorch.org/whl/cu${COURSE_CUDA//./}\`."
+    else
+        check_fail torch 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda is None): the legacy" \
+            "apex.amp install needs a CUDA build of torch (its setup.py reads torch's CUDA_HOME and" \
+            "amp.initialize needs a GPU); run it on the GPU machine, e.g. \`make apex\` there."
+    fi
+fi
 
 # nvcc as the probe found it (helpers.environment.find_nvcc). Sets NVCC, NVCC_CUDA_HOME,
 # NVCC_VERSION; without a working lookup the main build stops (the legacy install goes on).
-NVCC="" NVCC_CUDA_HOME="" NVCC_VERSION=""
+NVCC="" NVCC_CUDA_HOME="" NVCC_VERSION="" NVCC_NOTE=""
 find_nvcc() {
     if [[ -n "$(p nvcc_error)" ]]; then
-        ((WANT_MAIN)) && die 3 "the course's nvcc lookup (helpers.environment in $REPO_ROOT)" \
-            "failed in $PYTHON_BIN ($(p nvcc_error)), and Apex's CUDA extensions are compiled" \
-            "with nvcc; run this script from a full checkout of the course, in its environment."
-        warn "could not look for nvcc ($(p nvcc_error)); the legacy install goes on without it"
+        if ((WANT_MAIN)); then
+            check_fail nvcc 3 "the course's nvcc lookup (helpers.environment in $REPO_ROOT)" \
+                "failed in $PYTHON_BIN ($(p nvcc_error)), and Apex's CUDA extensions are compiled" \
+                "with nvcc; run this script from a full checkout of the course, in its environment."
+        else
+            warn "could not look for nvcc ($(p nvcc_error)); the legacy install goes on without it"
+        fi
         return 0
     fi
     NVCC="$(p nvcc)"
@@ -271,74 +388,129 @@ find_nvcc() {
     NVCC_VERSION="$(p nvcc_release)"  # "Cuda compilation tools, release 13.0, V13.0.48" -> 13.0
 }
 
-# (3) CPU-only torch. The legacy install compiles nothing, but its setup.py needs torch's
-# CUDA_HOME, which a CPU build of torch leaves unset - and apex.amp's O1-O3 need a GPU anyway.
-if ((!WANT_MAIN)) && [[ -z "$TORCH_CUDA" ]]; then
-    die 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda is None): the legacy" \
-        "apex.amp install needs a CUDA build of torch (its setup.py reads torch's CUDA_HOME and" \
-        "amp.initialize needs a GPU); run it on the GPU machine, e.g. \`make apex\` there."
-fi
+PLAN_CUDA_HOME="unknown (no usable nvcc)"
 if ((WANT_MAIN)); then
-    [[ -n "$TORCH_CUDA" ]] || die 3 "torch $TORCH_VERSION is a CPU-only build (torch.version.cuda" \
-        "is None), but Apex's CUDA kernels need a CUDA build of torch; install one, e.g." \
-        "\`conda env create -f environment.yml\` or \`$PYTHON -m pip install torch --index-url" \
-        "https://download.pytorch.org/whl/cu130\`."
-    TORCH_CUDA_MM="$(major_minor "$TORCH_CUDA")"
-    # (4) nvcc
-    find_nvcc
-    [[ -n "$NVCC" ]] || die 3 "no nvcc found (looked in \$CUDA_HOME/bin, \$CONDA_PREFIX/bin and" \
-        "PATH), and Apex's CUDA extensions are compiled with nvcc; install the CUDA toolkit matching" \
-        "torch's CUDA $TORCH_CUDA_MM, e.g. \`conda install -c conda-forge cuda-nvcc=$TORCH_CUDA_MM" \
-        "cuda-toolkit=$TORCH_CUDA_MM\`, or set CUDA_HOME to an installed toolkit."
-    # (5) nvcc version == torch.version.cuda (Apex's setup.py raises late otherwise)
-    [[ -n "$NVCC_VERSION" ]] || die 3 "could not read the CUDA release from \`$NVCC --version\`," \
-        "which Apex's setup.py needs to match torch's CUDA $TORCH_CUDA_MM; check that this nvcc runs," \
-        "or set CUDA_HOME to a working CUDA $TORCH_CUDA_MM toolkit."
-    [[ "$NVCC_VERSION" == "$TORCH_CUDA_MM" ]] || die 3 "nvcc at $NVCC is CUDA $NVCC_VERSION but torch" \
-        "$TORCH_VERSION was built with CUDA $TORCH_CUDA_MM, and Apex's setup.py refuses mismatched" \
-        "versions; install the matching toolkit (\`conda install -c conda-forge" \
-        "cuda-nvcc=$TORCH_CUDA_MM cuda-toolkit=$TORCH_CUDA_MM\`) or set CUDA_HOME to a CUDA" \
-        "$TORCH_CUDA_MM toolkit."
-    export CUDA_HOME="$NVCC_CUDA_HOME"
-else
+    # (4) nvcc; the toolkit hints name torch's CUDA, or for a CPU-only torch the CUDA of the
+    # torch build suggested above.
+    want_cuda="${TORCH_CUDA_MM:-$COURSE_CUDA}"
+    if ((!TORCH_OK)); then
+        ((PROBED)) && not_checked nvcc "the course's nvcc lookup, helpers.environment, imports torch, see FAIL torch"
+    else
+        find_nvcc
+        if failed nvcc; then
+            :
+        elif [[ -z "$NVCC" ]]; then
+            check_fail nvcc 3 "no nvcc found (looked in \$CUDA_HOME/bin, \$CONDA_PREFIX/bin and" \
+                "PATH), and Apex's CUDA extensions are compiled with nvcc; install the CUDA toolkit" \
+                "matching torch's CUDA $want_cuda, e.g. \`conda install -c conda-forge" \
+                "cuda-nvcc=$want_cuda cuda-toolkit=$want_cuda\`, or set CUDA_HOME to an installed toolkit."
+        # (5) nvcc version == torch.version.cuda (Apex's setup.py raises late otherwise)
+        elif [[ -z "$NVCC_VERSION" ]]; then
+            check_fail nvcc 3 "could not read the CUDA release from \`$NVCC --version\`," \
+                "which Apex's setup.py needs to match torch's CUDA $want_cuda; check that this nvcc" \
+                "runs, or set CUDA_HOME to a working CUDA $want_cuda toolkit."
+        elif [[ -z "$TORCH_CUDA_MM" ]]; then
+            NVCC_NOTE="; not compared with torch, a CPU-only build, see FAIL torch"
+        elif [[ "$NVCC_VERSION" != "$TORCH_CUDA_MM" ]]; then
+            check_fail nvcc 3 "nvcc at $NVCC is CUDA $NVCC_VERSION but torch" \
+                "$TORCH_VERSION was built with CUDA $TORCH_CUDA_MM, and Apex's setup.py refuses mismatched" \
+                "versions; install the matching toolkit (\`conda install -c conda-forge" \
+                "cuda-nvcc=$TORCH_CUDA_MM cuda-toolkit=$TORCH_CUDA_MM\`) or set CUDA_HOME to a CUDA" \
+                "$TORCH_CUDA_MM toolkit."
+        else
+            export CUDA_HOME="$NVCC_CUDA_HOME"
+            PLAN_CUDA_HOME="$CUDA_HOME"
+        fi
+    fi
+elif ((TORCH_OK)); then
     # The legacy Python-only install needs no compiler, but use a real toolkit if there is one.
     find_nvcc
 fi
 
 # (6) pip, plus the build backend that --no-build-isolation expects to be present already
 PIP_VERSION="$(p pip_version)"
-[[ -n "$PIP_VERSION" && "$PIP_VERSION" != "none" ]] || die 3 "pip is not available for" \
-    "$PYTHON_BIN, and Apex is installed with pip; install it with \`$PYTHON -m ensurepip --upgrade\`."
-version_ge "$PIP_VERSION" "$MIN_PIP" || die 3 "pip $PIP_VERSION is older than $MIN_PIP, which Apex's" \
-    "build instructions require for --no-build-isolation installs with build settings; upgrade it" \
-    "with \`$PYTHON -m pip install --upgrade pip\`."
-[[ -z "$(p build_deps_missing)" ]] || die 3 "the build backend packages $(p build_deps_missing)" \
-    "are missing, and --no-build-isolation builds use the installed ones; install them with" \
-    "\`$PYTHON -m pip install setuptools packaging wheel\`."
+if ((PROBED)); then
+    if [[ -z "$PIP_VERSION" || "$PIP_VERSION" == "none" ]]; then
+        check_fail pip 3 "pip is not available for $PYTHON_BIN, and Apex is installed with pip;" \
+            "install it with \`$PYTHON -m ensurepip --upgrade\`."
+    elif ! version_ge "$PIP_VERSION" "$MIN_PIP"; then
+        check_fail pip 3 "pip $PIP_VERSION is older than $MIN_PIP, which Apex's" \
+            "build instructions require for --no-build-isolation installs with build settings; upgrade it" \
+            "with \`$PYTHON -m pip install --upgrade pip==$PIP_PIN\` (any pip >= $MIN_PIP works)."
+    fi
+    [[ -z "$(p build_deps_missing)" ]] || check_fail "build backend" 3 "the build backend packages" \
+        "$(p build_deps_missing) are missing, and --no-build-isolation builds use the installed ones;" \
+        "install them with \`$PYTHON -m pip install setuptools==$SETUPTOOLS_PIN packaging==$PACKAGING_PIN" \
+        "wheel==$WHEEL_PIN\`."
+fi
 
-ARCH_LIST="" ARCH_SOURCE="" JOBS_BUDGET=1 PARALLEL_BUILD=1 NINJA_JOBS=1 JOBS_REASON=""
+ARCH_LIST="" ARCH_SOURCE="" JOBS_BUDGET=1 PARALLEL_BUILD=1 NINJA_JOBS=1 JOBS_REASON="" NINJA_BIN=""
+CPUS=1 ESTIMATE=""
+
+# minutes SECONDS: whole minutes, rounded, at least 1.
+minutes() {
+    local m=$((($1 + 30) / 60))
+    ((m >= 1)) || m=1
+    printf '%s' "$m"
+}
+# build_estimate ARCH_LIST CPUS JOBS: the estimate sentence, from the EST_* figures at the top.
+# Model: the course's three extensions take EST_COURSE_EXT_CPU_S CPU-seconds per architecture,
+# spread over the parallel jobs (at most the CPUs), never below the wall time measured per
+# architecture; the full build's measured wall time is scaled by EST_CPUS / jobs (never below 1).
+build_estimate() {
+    local archs=() n cpus=$2 par=$3 course floor div model scaled=""
+    read -r -a archs <<<"${1//[;,]/ }"
+    n=${#archs[@]}
+    ((n >= 1)) || n=1
+    ((par <= cpus)) || par=$cpus
+    ((par >= 1)) || par=1
+    course=$((EST_COURSE_EXT_CPU_S * n / par)) floor=$((EST_COURSE_EXT_WALL_S * n))
+    model="$EST_COURSE_EXT_CPU_S CPU-s per architecture / $par jobs"
+    if ((course < floor)); then
+        course=$floor model+=", at least the ${EST_COURSE_EXT_WALL_S} s wall per architecture measured there"
+    fi
+    div=$((par < EST_CPUS ? par : EST_CPUS))
+    ((div == EST_CPUS)) || scaled=" x $EST_CPUS/$div jobs"
+    printf 'about %s min on %s CPUs for %s architecture(s) for the course'"'"'s three extensions,' \
+        "$(minutes "$course")" "$cpus" "$n"
+    printf ' up to about %s-%s min for the full build (~30 extensions)' \
+        "$(minutes $((EST_FULL_WALL_S_MIN * n * EST_CPUS / div)))" \
+        "$(minutes $((EST_FULL_WALL_S_MAX * n * EST_CPUS / div)))"
+    printf ' [an estimate from one build on a %s-CPU H200 machine, 2026-12-01: %s; full build' \
+        "$EST_CPUS" "$model"
+    printf ' %s-%s s wall there%s x %s architecture(s), a rough upper-bound guess]' \
+        "$EST_FULL_WALL_S_MIN" "$EST_FULL_WALL_S_MAX" "$scaled" "$n"
+}
+
 if ((WANT_MAIN)); then
     # (7) ninja (without it torch compiles every file serially)
-    [[ "$(p ninja)" == "yes" ]] || die 3 "ninja was not found (neither \`import ninja\` nor a ninja" \
-        "binary on PATH), and without it torch compiles Apex's extensions one file at a time and" \
-        "ignores MAX_JOBS; install it with \`$PYTHON -m pip install ninja\`."
-    NINJA_BIN="$(p ninja_bin)"
+    if ((PROBED)); then
+        [[ "$(p ninja)" == "yes" ]] || check_fail ninja 3 "ninja was not found (neither \`import ninja\`" \
+            "nor a ninja binary on PATH), and without it torch compiles Apex's extensions one file at a" \
+            "time and ignores MAX_JOBS; install it with \`$PYTHON -m pip install ninja==$NINJA_PIN\`."
+        NINJA_BIN="$(p ninja_bin)"
+    fi
     # (8) GPU or an explicit arch list
     GPU_CAPS="$(p gpu_caps)"
     if [[ -n "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
         ARCH_LIST="$TORCH_CUDA_ARCH_LIST" ARCH_SOURCE="from TORCH_CUDA_ARCH_LIST"
+    elif ((!PROBED)); then
+        not_checked "arch list" "$NO_PYTHON"
+    elif ((!TORCH_OK)); then
+        not_checked "arch list" "torch lists the visible GPUs, see FAIL torch"
     elif [[ "$(p cuda_available)" == "True" && -n "$GPU_CAPS" ]]; then
         ARCH_LIST="$(tr ',' '\n' <<<"$GPU_CAPS" | sort -u -t. -k1,1n -k2,2n | paste -sd';' -)"
         ARCH_SOURCE="from the visible GPUs"
     else
-        die 3 "torch sees no GPU and TORCH_CUDA_ARCH_LIST is unset, so there is no way to know which" \
-            "GPU architectures to compile Apex for; run this on the GPU machine or set it, e.g." \
-            "\`TORCH_CUDA_ARCH_LIST=\"8.0;9.0\" ./$PROG\`."
+        check_fail "arch list" 3 "torch sees no GPU and TORCH_CUDA_ARCH_LIST is unset, so there is no" \
+            "way to know which GPU architectures to compile Apex for; run this on the GPU machine or" \
+            "set it, e.g. \`TORCH_CUDA_ARCH_LIST=\"8.0;9.0\" ./$PROG\`."
     fi
 
     # Parallelism: budget = min(CPUs, free GiB / GIB_PER_JOB) unless APEX_JOBS overrides it.
     cpus="$(p cpu_count)" mem="$(p mem_free_gib)"
     [[ "$cpus" =~ ^[0-9]+$ ]] || cpus=1
+    CPUS="$cpus"
     if [[ -n "$APEX_JOBS" ]]; then
         JOBS_BUDGET="$APEX_JOBS" JOBS_REASON="from APEX_JOBS"
     elif [[ "${mem%%.*}" =~ ^[0-9]+$ ]]; then
@@ -352,25 +524,42 @@ if ((WANT_MAIN)); then
     PARALLEL_BUILD=$((JOBS_BUDGET < MAX_PARALLEL_EXT ? JOBS_BUDGET : MAX_PARALLEL_EXT))
     NINJA_JOBS=$((JOBS_BUDGET / PARALLEL_BUILD))
     ((NINJA_JOBS >= 1)) || NINJA_JOBS=1
+
+    # Build-time estimate (see the EST_* figures at the top).
+    if [[ -n "$ARCH_LIST" ]] && ((PROBED)); then
+        ESTIMATE="$(build_estimate "$ARCH_LIST" "$CPUS" $((PARALLEL_BUILD * NINJA_JOBS)))"
+    elif ((PROBED)); then
+        not_checked estimate "needs the arch list"
+    fi
 fi
 
 # ------------------------------------------------------------------------ source folders
-# resolve_source NAME REF SRC: checks a local source folder against REF (read-only).
-# Sets SRC_KIND to clone | git | plain.
+# resolve_source LABEL NAME REF SRC: checks a local source folder against REF (read-only).
+# Sets SRC_KIND to clone | git | plain (empty when the check failed in a dry run).
 resolve_source() {
-    local name=$1 ref=$2 src=$3 head
+    local label=$1 name=$2 ref=$3 src=$4 head
+    SRC_KIND=""
     if [[ -z "$src" ]]; then
         SRC_KIND=clone
         return 0
     fi
-    [[ -f "$src/setup.py" ]] || die 3 "$name=$src has no setup.py, so it is not an Apex source" \
-        "folder; point $name at an Apex checkout or unset it to clone $APEX_URL."
+    if [[ ! -f "$src/setup.py" ]]; then
+        check_fail "$label" 3 "$name=$src has no setup.py, so it is not an Apex source" \
+            "folder; point $name at an Apex checkout or unset it to clone $APEX_URL."
+        return 0
+    fi
     if [[ -e "$src/.git" ]]; then
-        command -v git >/dev/null || die 3 "$name=$src is a git checkout but git is not installed," \
-            "so its commit cannot be checked; install git or unset $name."
+        if ! command -v git >/dev/null; then
+            check_fail "$label" 3 "$name=$src is a git checkout but git is not installed," \
+                "so its commit cannot be checked; install git or unset $name."
+            return 0
+        fi
         head="$(git -C "$src" rev-parse HEAD 2>/dev/null || true)"
-        [[ "$head" == "$ref" ]] || die 3 "$name=$src is checked out at ${head:-<unknown>}, but the" \
-            "requested commit is $ref; run \`git -C $src checkout $ref\` or set the commit to $head."
+        if [[ "$head" != "$ref" ]]; then
+            check_fail "$label" 3 "$name=$src is checked out at ${head:-<unknown>}, but the" \
+                "requested commit is $ref; run \`git -C $src checkout $ref\` or set the commit to $head."
+            return 0
+        fi
         SRC_KIND=git
     else
         SRC_KIND=plain
@@ -380,11 +569,11 @@ resolve_source() {
 SRC_KIND=""
 MAIN_SRC_KIND="" LEGACY_SRC_KIND=""
 if ((WANT_MAIN)); then
-    resolve_source APEX_SRC "$APEX_REF" "$APEX_SRC"
+    resolve_source source APEX_SRC "$APEX_REF" "$APEX_SRC"
     MAIN_SRC_KIND="$SRC_KIND"
 fi
 if ((WANT_LEGACY)); then
-    resolve_source APEX_LEGACY_SRC "$APEX_LEGACY_REF" "$APEX_LEGACY_SRC"
+    resolve_source "legacy source" APEX_LEGACY_SRC "$APEX_LEGACY_REF" "$APEX_LEGACY_SRC"
     LEGACY_SRC_KIND="$SRC_KIND"
 fi
 
@@ -403,40 +592,61 @@ describe_source() { # KIND SRC REF CLONE_DIR
 }
 
 # ------------------------------------------------------------------------------------ plan
+# row LABEL VALUE: one plan line; a failed check's line reads "FAIL LABEL: <its sentence>".
+row() {
+    local label=$1 value=$2
+    if [[ -n "${FAIL_OF[$label]:-}" ]]; then
+        printf '  FAIL %s: %s\n' "$label" "${FAIL_OF[$label]}"
+    elif [[ -n "${SKIP_OF[$label]:-}" ]]; then
+        printf '  %-17s %s\n' "$label:" "not checked (${SKIP_OF[$label]})"
+    else
+        printf '  %-17s %s\n' "$label:" "$value"
+    fi
+}
 print_plan() {
     if ((DRY_RUN)); then
         say "plan (dry run: nothing will be cloned, built or installed)"
     else
         say "plan"
     fi
-    printf '  %-17s %s\n' "python:" "$PYTHON_BIN (Python $(p python_version), pip $PIP_VERSION)"
-    printf '  %-17s %s\n' "torch:" "$TORCH_VERSION (CUDA ${TORCH_CUDA:-none}; GPUs: $(p gpu_count) [$(p gpu_caps)])"
-    printf '  %-17s %s\n' "workdir:" "$APEX_WORKDIR"
+    row python "$PYTHON_BIN (Python $(p python_version); $PYTHON_SOURCE)"
+    row pip "$PIP_VERSION (at least $MIN_PIP needed)"
+    row "build backend" "setuptools and packaging are installed"
+    row torch "$TORCH_VERSION (CUDA ${TORCH_CUDA:-none}; GPUs: $(p gpu_count) [$(p gpu_caps)])"
+    row workdir "$APEX_WORKDIR"
     if ((WANT_MAIN)); then
-        printf '  %-17s %s\n' "source:" "$(describe_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$APEX_WORKDIR/src/apex")"
-        printf '  %-17s %s\n' "commit:" "$APEX_REF"
-        printf '  %-17s %s\n' "CUDA_HOME:" "$CUDA_HOME"
-        printf '  %-17s %s\n' "nvcc:" "$NVCC_VERSION ($NVCC)"
-        printf '  %-17s %s\n' "arch list:" "TORCH_CUDA_ARCH_LIST=$ARCH_LIST ($ARCH_SOURCE)"
-        printf '  %-17s %s\n' "jobs:" "APEX_PARALLEL_BUILD=$PARALLEL_BUILD MAX_JOBS=$NINJA_JOBS (budget $JOBS_BUDGET: $JOBS_REASON)"
-        [[ -n "${NVCC_APPEND_FLAGS:-}" ]] && printf '  %-17s %s\n' "nvcc flags:" "NVCC_APPEND_FLAGS=$NVCC_APPEND_FLAGS"
-        printf '  %-17s %s\n' "build:" "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 $PYTHON -m pip install -v --no-build-isolation --no-deps ."
-        printf '  %-17s %s\n' "install target:" "$(p site_packages) (replaces any installed 'apex')"
-        printf '  %-17s %s\n' "build log:" "$BUILD_LOG"
-        printf '  %-17s %s\n' "marker:" "$MARKER ($(if [[ -f "$MARKER" ]]; then
+        row source "$(describe_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$APEX_WORKDIR/src/apex")"
+        row commit "$APEX_REF"
+        row CUDA_HOME "$PLAN_CUDA_HOME"
+        row nvcc "$NVCC_VERSION ($NVCC$NVCC_NOTE)"
+        row ninja "${NINJA_BIN:-found}"
+        row "arch list" "TORCH_CUDA_ARCH_LIST=$ARCH_LIST ($ARCH_SOURCE)"
+        row jobs "APEX_PARALLEL_BUILD=$PARALLEL_BUILD MAX_JOBS=$NINJA_JOBS (budget $JOBS_BUDGET: $JOBS_REASON)"
+        row estimate "$ESTIMATE"
+        [[ -n "${NVCC_APPEND_FLAGS:-}" ]] && row "nvcc flags" "NVCC_APPEND_FLAGS=$NVCC_APPEND_FLAGS"
+        row build "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 $PYTHON -m pip install -v --no-build-isolation --no-deps ."
+        row "install target" "${P[site_packages]:-unknown (no working python)} (replaces any installed 'apex')"
+        row "build log" "$BUILD_LOG"
+        row marker "$MARKER ($(if [[ -f "$MARKER" ]]; then
             printf 'records %s, torch %s' "$(json_get "$MARKER" commit)" "$(json_get "$MARKER" torch_version)"
         else printf 'none yet'; fi))"
     fi
     if ((WANT_LEGACY)); then
-        ((WANT_MAIN)) || printf '  %-17s %s\n' "nvcc:" "not needed (Python-only install; ${NVCC:-a version-only stub is used})"
-        printf '  %-17s %s\n' "legacy source:" "$(describe_source "$LEGACY_SRC_KIND" "$APEX_LEGACY_SRC" "$APEX_LEGACY_REF" "$APEX_WORKDIR/src/apex-legacy")"
-        printf '  %-17s %s\n' "legacy commit:" "$APEX_LEGACY_REF (Python-only, last commit with apex.amp)"
-        printf '  %-17s %s\n' "legacy target:" "$LEGACY_DIR (pip --target; use only via PYTHONPATH)"
-        printf '  %-17s %s\n' "legacy marker:" "$LEGACY_MARKER"
+        ((WANT_MAIN)) || row nvcc "not needed (Python-only install; ${NVCC:-a version-only stub is used})"
+        row "legacy source" "$(describe_source "$LEGACY_SRC_KIND" "$APEX_LEGACY_SRC" "$APEX_LEGACY_REF" "$APEX_WORKDIR/src/apex-legacy")"
+        row "legacy commit" "$APEX_LEGACY_REF (Python-only, last commit with apex.amp)"
+        row "legacy target" "$LEGACY_DIR (pip --target; use only via PYTHONPATH)"
+        row "legacy marker" "$LEGACY_MARKER"
     fi
 }
 print_plan
 if ((DRY_RUN)); then
+    if ((FAIL_COUNT)); then
+        say "dry run: $FAIL_COUNT preflight check(s) failed (the FAIL lines above; a real run stops" \
+            "at the first). Nothing was cloned, built or installed."
+        printf '%s: error: %s\n' "$PROG" "$FIRST_FAIL_MSG" >&2
+        exit "$FIRST_FAIL_CODE"
+    fi
     say "dry run: nothing was cloned, built or installed."
     exit 0
 fi
@@ -506,6 +716,7 @@ main_is_current() {
 
 build_main() {
     local src="$APEX_WORKDIR/src/apex" start seconds rc=0 extra_path
+    say "estimate: $ESTIMATE"
     stage_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$src"
     rm -f "$MARKER"
     say "removing any previously installed 'apex'"

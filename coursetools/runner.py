@@ -118,6 +118,10 @@ def run_all(paths: list[Path], out_dir: Path, *, profile: str = "auto",
 
 def out_problem(out: Path) -> str:
     """'' when ``out`` (and ``<out>.partial`` beside it) can be written, else one sentence."""
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return (f"cannot write the run's output to {out} ({blocker} is a file, not a folder): "
+                "choose a writable folder with --out (make run OUT=...).")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out.parent):

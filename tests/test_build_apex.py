@@ -116,6 +116,7 @@ class Sandbox:
     probe: dict[str, str] = field(default_factory=lambda: dict(GOOD_PROBE))
     env: dict[str, str] = field(default_factory=dict)
     verify: list[str] = field(default_factory=lambda: list(GOOD_VERIFY))
+    script: Path = SCRIPT
 
     @property
     def bin(self) -> Path:
@@ -156,7 +157,7 @@ class Sandbox:
         }
         env = {k: v for k, v in env.items() if v is not None}
         return subprocess.run(
-            [BASH, str(SCRIPT), *args],
+            [BASH, str(self.script), *args],
             env=env,
             cwd=self.root,
             capture_output=True,
@@ -173,6 +174,8 @@ def box(tmp_path: Path, toolbox: Path) -> Sandbox:
         _write_exe(sb.bin / name, LOUD_SHIM.format(name=name))
     cuda = sb.nvcc(tmp_path / "cuda", "13.0")
     sb.env["CUDA_HOME"] = str(cuda)
+    # Without PYTHON the script takes the checkout's .venv/bin/python, the real one here.
+    sb.env["PYTHON"] = "python3"
     return sb
 
 
@@ -455,6 +458,269 @@ def test_real_run_clones_the_pinned_commit_blobless(box: Sandbox) -> None:
     url = "https://github.com/NVIDIA/apex"
     assert git_calls == [f"git clone --quiet --filter=blob:none {url} {box.workdir}/src/apex"]
     assert not any("pip" in c for c in box.calls())
+
+
+# ------------------------------------------------------------- dry run with failing checks
+
+
+def _no_gpu(box: Sandbox) -> None:
+    box.probe.update(cuda_available="False", gpu_count="0", gpu_caps="")
+
+
+def _cpu_torch(box: Sandbox) -> None:
+    box.probe.update(torch_version="2.11.0+cpu", torch_cuda="None", cuda_available="False",
+                     gpu_count="0", gpu_caps="")  # fmt: skip
+
+
+def _no_torch(box: Sandbox) -> None:
+    box.probe = {k: v for k, v in box.probe.items() if not k.startswith(("torch", "gpu", "cuda"))}
+    box.probe["torch_error"] = "ModuleNotFoundError: No module named 'torch'"
+
+
+# (what breaks the environment, the plan's label for that check, a phrase of its sentence)
+SINGLE_FAILURES = [
+    (lambda b: b.no_nvcc(), "nvcc", "no nvcc found"),
+    (lambda b: b.nvcc(b.root / "cuda", "12.4"), "nvcc", "is CUDA 12.4"),
+    (lambda b: b.probe.update(nvcc_release=""), "nvcc", "could not read the CUDA release"),
+    (lambda b: b.probe.update(nvcc_error="ImportError: x"), "nvcc", "nvcc lookup"),
+    (lambda b: b.probe.update(ninja="no", ninja_bin=""), "ninja", "ninja was not found"),
+    (lambda b: b.probe.update(pip_version="22.3.1"), "pip", "older than 23.1"),
+    (lambda b: b.probe.update(pip_version="none"), "pip", "pip is not available"),
+    (lambda b: b.probe.update(build_deps_missing="setuptools"), "build backend", "setuptools"),
+    (_no_gpu, "arch list", "torch sees no GPU"),
+    (lambda b: (_cpu_torch(b), b.env.update(TORCH_CUDA_ARCH_LIST="9.0")), "torch", "CPU-only"),
+    (_no_torch, "torch", "PyTorch cannot be imported"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("breaks", "label", "phrase"), SINGLE_FAILURES,
+                         ids=[f"{label}:{phrase}" for _, label, phrase in SINGLE_FAILURES])
+def test_dry_run_prints_the_whole_plan_with_the_failing_check_marked(box, breaks, label, phrase):
+    breaks(box)
+    real = box.run()
+    dry = box.run("--dry-run")
+    # A real run stops at the check with its sentence and prints no plan ...
+    assert_preflight_error(real, phrase)
+    assert "plan" not in real.stdout and "FAIL" not in real.stdout
+    # ... the dry run exits the same way, with the same sentence, after the whole plan.
+    assert_preflight_error(dry, phrase)
+    assert dry.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
+    fails = [ln for ln in dry.stdout.splitlines() if ln.startswith("  FAIL ")]
+    assert fails == [f"  FAIL {label}: {real.stderr.splitlines()[-1].split('error: ', 1)[1]}"]
+    entries = plan(dry)
+    for row in ("python", "workdir", "commit", "source", "jobs", "build", "build log", "marker"):
+        assert row in entries, (row, dry.stdout)
+    assert "1 preflight check(s) failed" in dry.stdout
+    assert "nothing was cloned, built or installed" in dry.stdout.lower()
+    assert not box.workdir.exists()
+    assert not any(c.startswith(("git", "pip")) for c in box.calls())
+
+
+def test_dry_run_runs_every_check_and_reports_the_first_as_the_error(box: Sandbox) -> None:
+    box.no_nvcc()
+    _no_gpu(box)
+    box.probe.update(pip_version="22.3.1", ninja="no", ninja_bin="", build_deps_missing="packaging")
+    real = box.run()
+    assert_preflight_error(real, "no nvcc found")  # a real run: the first check that fails
+    box.calls_file.unlink()
+    result = box.run("--dry-run")
+    assert_preflight_error(result, "no nvcc found")
+    entries = plan(result)
+    assert entries["FAIL nvcc"].startswith("no nvcc found")
+    assert entries["FAIL pip"].startswith("pip 22.3.1 is older than 23.1")
+    assert entries["FAIL build backend"].startswith("the build backend packages packaging")
+    assert entries["FAIL ninja"].startswith("ninja was not found")
+    assert entries["FAIL arch list"].startswith("torch sees no GPU")
+    assert entries["torch"].startswith("2.11.0+cu130")  # the checks that pass keep their value
+    assert entries["estimate"] == "not checked (needs the arch list)"
+    assert "5 preflight check(s) failed" in result.stdout
+    assert_untouched(box)
+
+
+def test_dry_run_without_python_marks_what_it_cannot_check(box: Sandbox) -> None:
+    (box.bin / "python3").unlink()
+    result = box.run("--dry-run", "--legacy-amp")
+    assert_preflight_error(result, "'python3' was not found")
+    entries = plan(result)
+    assert entries["FAIL python"].startswith("Python interpreter 'python3' was not found")
+    for row in ("pip", "torch", "nvcc", "ninja", "arch list", "jobs", "estimate"):
+        assert entries[row].startswith("not checked (needs a working python"), (row, entries[row])
+    assert entries["commit"] == PINNED and entries["legacy commit"].startswith(LEGACY)
+    assert box.calls() == []
+
+
+def test_dry_run_without_torch_does_not_guess_nvcc_or_gpus(box: Sandbox) -> None:
+    _no_torch(box)
+    result = box.run("--dry-run")
+    assert_preflight_error(result, "PyTorch cannot be imported")
+    entries = plan(result)
+    assert entries["nvcc"].startswith("not checked (the course's nvcc lookup")
+    assert entries["arch list"].startswith("not checked (torch lists the visible GPUs")
+    assert entries["ninja"] == "/opt/fake/bin/ninja"
+
+
+def test_dry_run_with_a_cpu_torch_still_checks_nvcc(box: Sandbox) -> None:
+    _cpu_torch(box)
+    box.env["TORCH_CUDA_ARCH_LIST"] = "9.0"
+    result = box.run("--dry-run")
+    assert_preflight_error(result, "CPU-only build")
+    entries = plan(result)
+    assert entries["nvcc"].startswith(f"13.0 ({box.root / 'cuda' / 'bin' / 'nvcc'}; not compared")
+    box.no_nvcc()
+    entries = plan(box.run("--dry-run"))
+    assert "cuda-nvcc=13.0 cuda-toolkit=13.0" in entries["FAIL nvcc"]  # the cu130 torch's CUDA
+
+
+def test_dry_run_marks_a_bad_source_folder_beside_other_failures(box: Sandbox) -> None:
+    (box.root / "empty").mkdir()
+    box.env["APEX_SRC"] = str(box.root / "empty")
+    box.probe.update(ninja="no", ninja_bin="")
+    result = box.run("--dry-run")
+    assert_preflight_error(result, "ninja was not found")
+    entries = plan(result)
+    assert entries["FAIL source"].startswith(f"APEX_SRC={box.root / 'empty'} has no setup.py")
+    assert "FAIL ninja" in entries
+
+
+# ---------------------------------------------------------------- python and install hints
+
+
+def _checkout_copy(box: Sandbox, venv: bool, requirements: str | None = None) -> Path:
+    """A course checkout of just build_apex.sh (plus a .venv python, a requirements.txt)."""
+    course = box.root / "course"
+    course.mkdir()
+    shutil.copy2(SCRIPT, course / "build_apex.sh")
+    if venv:
+        _write_exe(course / ".venv" / "bin" / "python",
+                   PYTHON_SHIM.replace('echo "python3 $*"', 'echo "venv-python $*"'))
+    if requirements is not None:
+        (course / "requirements.txt").write_text(requirements)
+    box.script = course / "build_apex.sh"
+    return course
+
+
+def test_python_defaults_to_the_course_venv(box: Sandbox) -> None:
+    course = _checkout_copy(box, venv=True)
+    box.env["PYTHON"] = None
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    venv_python = course / ".venv" / "bin" / "python"
+    assert plan(result)["python"] == (f"{venv_python} (Python 3.11.9; the course's .venv; "
+                                      "PYTHON is unset)")
+    assert box.calls() == [f"venv-python - {course}"]  # the probe ran in the .venv
+
+
+def test_python_is_python3_without_a_venv_and_named_so(box: Sandbox) -> None:
+    _checkout_copy(box, venv=False)
+    box.env["PYTHON"] = None
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["python"] == (f"{box.bin / 'python3'} (Python 3.11.9; python3 on PATH; "
+                                      "PYTHON is unset and there is no .venv)")
+
+
+def test_python_from_the_environment_wins_over_the_venv(box: Sandbox) -> None:
+    _checkout_copy(box, venv=True)
+    result = box.run("--dry-run")  # the sandbox sets PYTHON=python3
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["python"] == f"{box.bin / 'python3'} (Python 3.11.9; from PYTHON)"
+    assert box.calls()[0].startswith("python3 - ")
+
+
+def _hints(text: str) -> list[str]:
+    """Every `... pip install ...` command that a message suggests (between backquotes)."""
+    return [c for c in re.findall(r"`([^`]*)`", text) if "pip install" in c]
+
+
+def _requirement_pin(name: str) -> str:
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        if line.startswith(f"{name}=="):
+            return line.split("==", 1)[1].split("#")[0].strip()
+    raise AssertionError(f"requirements.txt pins no {name}")
+
+
+def test_every_install_hint_pins_a_version(box: Sandbox) -> None:
+    _cpu_torch(box)
+    box.probe.update(pip_version="22.3.1", ninja="no", ninja_bin="",
+                     build_deps_missing="setuptools")  # fmt: skip
+    result = box.run("--dry-run")
+    hints = _hints(result.stdout)
+    assert len(hints) == 4, hints  # torch, pip, the build backend, ninja
+    for hint in hints:
+        words = hint.split(" install ", 1)[1].split()
+        packages = [w for i, w in enumerate(words)
+                    if not w.startswith("-") and not words[i - 1].startswith("--index")]
+        assert packages and all(re.search(r"==\d|>=\d", w) for w in packages), hint
+    text = "\n".join(hints)
+    assert f"torch=={_requirement_pin('torch')} --index-url" in text
+    assert "ninja==1.13.0" in text  # requirements.txt names no ninja
+    assert "install --upgrade pip==" in text
+
+
+def test_install_hints_read_the_pins_of_requirements_txt(box: Sandbox) -> None:
+    _checkout_copy(box, venv=False, requirements="# pins\ntorch==9.8.7\nninja==1.2.3  # build\n")
+    _cpu_torch(box)
+    box.probe.update(ninja="no", ninja_bin="")
+    text = "\n".join(_hints(box.run("--dry-run").stdout))
+    assert "torch==9.8.7 " in text and "ninja==1.2.3`" not in text and "ninja==1.2.3" in text
+
+
+# ------------------------------------------------------------------------------ estimate
+
+
+def test_estimate_constants_are_at_the_top_with_their_source() -> None:
+    head = SCRIPT.read_text().split("usage() {", 1)[0]
+    assert "2026-12-01" in head and "16 CPUs" in head and "H200" in head
+    for const, value in (("EST_CPUS", "16"), ("EST_COURSE_EXT_CPU_S", "586"),
+                         ("EST_COURSE_EXT_WALL_S", "126"), ("EST_FULL_WALL_S_MIN", "201"),
+                         ("EST_FULL_WALL_S_MAX", "267")):  # fmt: skip
+        assert re.search(rf"^readonly {const}={value}\b", head, re.M), const
+
+
+@pytest.mark.parametrize(
+    ("cpus", "mem", "arch", "expected"),
+    [
+        # (541 + 45) CPU-s / 2 jobs = 293 s; 201-267 s x 16/2
+        ("2", "8.0", None, ("about 5 min on 2 CPUs for 1 architecture(s)", "27-36 min", "x 16/2")),
+        # 586 / 16 < 126 s measured wall, x 2 architectures; the full build is not scaled down
+        ("16", "100.0", "8.0;9.0", ("about 4 min on 16 CPUs for 2 architecture(s)", "7-9 min")),
+        # memory allows 2 jobs on 8 CPUs: the jobs, not the CPUs, divide
+        ("8", "9.0", None, ("about 5 min on 8 CPUs for 1 architecture(s)", "27-36 min")),
+    ],
+)
+def test_estimate_in_the_plan(box: Sandbox, cpus: str, mem: str, arch: str | None, expected):
+    box.probe.update(cpu_count=cpus, mem_free_gib=mem)
+    if arch:
+        box.env["TORCH_CUDA_ARCH_LIST"] = arch
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    estimate = plan(result)["estimate"]
+    for needle in (*expected, "an estimate from one build on a 16-CPU H200 machine",
+                   "rough upper-bound guess"):
+        assert needle in estimate, (needle, estimate)
+
+
+def test_estimate_is_printed_before_the_build(box: Sandbox) -> None:
+    box.probe.update(cpu_count="2", mem_free_gib="8.0")
+    result = box.run()
+    assert result.returncode == 4  # the fake git refuses the clone that follows
+    lines = result.stdout.splitlines()
+    starts = [i for i, ln in enumerate(lines)
+              if ln.startswith("build_apex.sh: estimate: about 5 min")]
+    assert len(starts) == 1, result.stdout
+    assert lines[starts[0] - 1].startswith("  marker:")  # right after the plan, before the clone
+
+
+def test_readme_estimate_for_two_cpus_is_the_scripts(box: Sandbox) -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Building Apex", 1)[1].split("\n### ", 1)[0]
+    box.probe.update(cpu_count="2", mem_free_gib="8.0")
+    estimate = plan(box.run("--dry-run"))["estimate"]
+    minutes = re.findall(r"about (\d+(?:-\d+)?) min", estimate)
+    assert minutes == ["5", "27-36"], estimate
+    for value in minutes:
+        assert f"{value} min" in section, value
+    assert "estimate" in section and "upper bound" in section
 
 
 # ------------------------------------------------------------------------------ APEX_SRC

@@ -1,0 +1,304 @@
+"""Starting points: scripts/ensure_env.sh with old, other and new Pythons, and `make lab`.
+
+Every test runs a copy of the real script or Makefile in a temporary folder, against fake
+interpreters (small shell scripts that print a version and log what they are asked to do), so
+no .venv of the checkout is touched and nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_HINT = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+
+# A stand-in Python of version @VERSION@. It answers the version probe, `import torch` (true when
+# a has_torch file sits next to its bin/ folder), the missing-modules probe ($FAKE_MISSING), and
+# logs `-m venv` (creating a .venv with a copy of itself) and `-m pip` (with the -r file's lines).
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+here=$(cd "$(dirname "$0")" && pwd)
+log() { printf '%s\n' "$*" >> "$FAKE_LOG"; }
+case "$1" in
+  -c)
+    case "$2" in
+      *version_info*) echo "@VERSION@"; exit @TOO_OLD@ ;;
+      *"import torch"*) [ -e "$here/../has_torch" ] || exit 1; echo 2.13.0; exit 0 ;;
+      *) exit 0 ;;
+    esac ;;
+  -) cat >/dev/null; echo "${FAKE_MISSING:-}"; exit 0 ;;
+  -m)
+    if [ "$2" = venv ]; then
+      shift 2
+      if [ "$1" = --clear ]; then log "venv --clear $(basename "$0")"; shift; rm -rf "$1"
+      else log "venv $(basename "$0")"; fi
+      mkdir -p "$1/bin"; cp "$0" "$1/bin/python"
+      printf 'version = @VERSION@.1\n' > "$1/pyvenv.cfg"; exit 0
+    fi
+    if [ "$2" = pip ]; then
+      log "pip $(basename "$0") ${*:3}"
+      echo "Downloading something.whl  [progress]"
+      prev=""
+      for a in "$@"; do
+        if [ "$prev" = -r ]; then
+          sed 's/^/  req: /' "$a" >> "$FAKE_LOG"
+          if grep -q '^torch==' "$a"; then touch "$here/../has_torch"; fi
+        fi
+        prev=$a
+      done
+      exit 0
+    fi ;;
+esac
+exit 0
+"""
+
+FAKE_UNAME = """#!/usr/bin/env bash
+case "$1" in
+  -s) echo "${FAKE_OS:-Linux}" ;;
+  -m) echo "${FAKE_ARCH:-x86_64}" ;;
+  *) echo Linux ;;
+esac
+"""
+
+
+def _script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def fake_python(path: Path, version: str, torch: bool = False) -> Path:
+    too_old = "1" if tuple(map(int, version.split("."))) < (3, 11) else "0"
+    _script(path, FAKE_PYTHON.replace("@VERSION@", version).replace("@TOO_OLD@", too_old))
+    if torch:
+        (path.parent.parent / "has_torch").touch()
+    return path
+
+
+class Checkout:
+    """A temporary copy of the parts of the repository that ensure_env.sh and make read."""
+
+    def __init__(self, tmp: Path):
+        self.repo = tmp / "repo"
+        self.bin = tmp / "bin"
+        self.log = tmp / "log"
+        (self.repo / "scripts").mkdir(parents=True)
+        shutil.copy(ROOT / "scripts" / "ensure_env.sh", self.repo / "scripts")
+        shutil.copy(ROOT / "requirements.txt", self.repo)
+        shutil.copy(ROOT / "Makefile", self.repo)
+        _script(self.bin / "uname", FAKE_UNAME)
+        self.log.write_text("")
+
+    def python(self, name: str, version: str, torch: bool = False) -> Path:
+        return fake_python(self.bin / name, version, torch)
+
+    def venv(self, version: str, torch: bool = True) -> Path:
+        return fake_python(self.repo / ".venv" / "bin" / "python", version, torch)
+
+    def run(self, *args: str, cmd: tuple[str, ...] = ("bash", "scripts/ensure_env.sh"),
+            **env: str) -> subprocess.CompletedProcess:
+        full = {"PATH": f"{self.bin}:/usr/bin:/bin", "FAKE_LOG": str(self.log), **env}
+        return subprocess.run([*cmd, *args], cwd=self.repo, env=full, text=True,
+                              capture_output=True, timeout=60)
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def pip_calls(self) -> list[str]:
+        return [c for c in self.calls() if c.startswith("pip ")]
+
+    def env_lines(self, stderr: str) -> list[str]:
+        return [line for line in stderr.splitlines() if line.startswith("env:")]
+
+
+@pytest.fixture
+def co(tmp_path) -> Checkout:
+    return Checkout(tmp_path)
+
+
+# --- item: a Python below 3.11 stops in one sentence, before any pip -------------------------
+
+@pytest.mark.parametrize("with_venv", [False, True], ids=["no-venv", "venv-3.12"])
+def test_old_python_stops_in_one_sentence_before_pip(co, with_venv):
+    co.python("python3.10", "3.10")
+    co.python("python3", "3.12")
+    if with_venv:
+        co.venv("3.12")
+    proc = co.run("--for=run", PYTHON="python3.10")
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "python3.10 is Python 3.10" in lines[0] and "3.11 or newer" in lines[0]
+    assert co.pip_calls() == [] and not any(c.startswith("venv") for c in co.calls())
+    assert (co.repo / ".venv").exists() == with_venv
+
+
+def test_make_run_with_old_python_ends_before_pip(co):
+    co.python("python3.10", "3.10")
+    proc = co.run("run", cmd=("make", "--no-print-directory"), PYTHON="python3.10")
+    assert proc.returncode != 0
+    assert len(co.env_lines(proc.stderr)) == 1, proc.stderr
+    assert "3.11 or newer" in proc.stderr and "No matching distribution" not in proc.stderr
+    assert co.calls() == []
+
+
+def test_old_course_python_stops_in_one_sentence(co):
+    old = co.python("python3.9", "3.9")
+    proc = co.run("--for=run", COURSE_PYTHON=str(old))
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Python 3.9" in proc.stderr
+    assert co.calls() == []
+
+
+def test_old_default_python3_falls_back_to_the_working_venv_and_says_so(co):
+    co.python("python3", "3.10")
+    venv_py = co.venv("3.12")
+    proc = co.run("--for=run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(venv_py)
+    lines = co.env_lines(proc.stderr)
+    assert len(lines) == 1 and "python3 is Python 3.10" in lines[0] and "3.12" in lines[0]
+    assert co.calls() == []
+
+
+# --- item: a .venv of another Python version is recreated, never silently reused -------------
+
+@pytest.mark.parametrize("explicit", [True, False], ids=["PYTHON=python3.13", "python3"])
+def test_venv_of_another_version_is_recreated(co, explicit):
+    co.python("python3.13" if explicit else "python3", "3.13")
+    venv_py = co.venv("3.12")
+    env = {"PYTHON": "python3.13"} if explicit else {}
+    proc = co.run("--for=run", **env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(venv_py)
+    said = [line for line in co.env_lines(proc.stderr) if "recreating" in line]
+    assert len(said) == 1 and "Python 3.12" in said[0] and "Python 3.13" in said[0], proc.stderr
+    assert any(c.startswith("venv --clear python3") for c in co.calls()), co.calls()
+    assert "version = 3.13" in (co.repo / ".venv" / "pyvenv.cfg").read_text()
+
+
+def test_venv_of_the_same_version_is_reused(co):
+    co.python("python3.12", "3.12")
+    venv_py = co.venv("3.12")
+    proc = co.run("--for=run", PYTHON="python3.12")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(venv_py)
+    assert "recreating" not in proc.stderr and co.calls() == []
+
+
+def test_venv_of_another_version_gives_way_to_an_active_torch(co):
+    co.python("python3", "3.13", torch=True)
+    co.venv("3.12")
+    proc = co.run("--for=run")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(co.bin / "python3")
+    lines = co.env_lines(proc.stderr)
+    assert len(lines) == 1 and "Python 3.12" in lines[0] and "not reusing it" in lines[0]
+    assert co.calls() == []
+
+
+def test_interrupted_venv_of_the_same_version_is_filled_again(co):
+    co.python("python3", "3.12")
+    co.venv("3.12", torch=False)
+    proc = co.run("--for=run")
+    assert proc.returncode == 0, proc.stderr
+    assert "installing requirements.txt into it again" in proc.stderr
+    assert "venv python3" in co.calls() and "venv --clear python3" not in co.calls()
+
+
+def test_broken_venv_of_another_version_is_recreated(co):
+    co.python("python3", "3.12")
+    co.venv("3.11", torch=False)
+    proc = co.run("--for=run")
+    assert proc.returncode == 0, proc.stderr
+    assert "venv --clear python3" in co.calls()
+    assert any("Python 3.11" in line and "recreating" in line
+               for line in co.env_lines(proc.stderr))
+
+
+# --- item: the first run says what it downloads and shows pip's progress ----------------------
+
+def test_first_venv_says_what_it_downloads_and_shows_progress(co):
+    co.python("python3", "3.12")
+    proc = co.run("--for=run")
+    assert proc.returncode == 0, proc.stderr
+    venv_py = co.repo / ".venv" / "bin" / "python"
+    assert proc.stdout == f"{venv_py}\n", "stdout carries the Python path and nothing else"
+    said = [line for line in co.env_lines(proc.stderr) if "torch==2.13.0" in line]
+    assert len(said) == 1, proc.stderr
+    assert "several GB" in said[0] and CPU_HINT in said[0]
+    assert "[progress]" in proc.stderr, "pip's output goes to stderr"
+    installs = [c for c in co.pip_calls() if " -r " in c]
+    assert len(installs) == 1 and " -q" not in installs[0], co.pip_calls()
+    reqs = [c.strip()[len("req: "):] for c in co.calls() if c.startswith("  req: ")]
+    assert "torch==2.13.0" in reqs and "numpy==2.4.6" in reqs
+    assert not [r for r in reqs if r.startswith(("jupyterlab", "ipywidgets", "papermill"))]
+
+
+@pytest.mark.parametrize(("os_name", "arch"), [("Darwin", "arm64"), ("Linux", "aarch64")])
+def test_first_venv_elsewhere_makes_no_cuda_claim(co, os_name, arch):
+    co.python("python3", "3.12")
+    proc = co.run("--for=run", FAKE_OS=os_name, FAKE_ARCH=arch)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in co.env_lines(proc.stderr) if "torch==2.13.0" in line]
+    assert len(said) == 1 and "several GB" not in said[0], proc.stderr
+
+
+def test_filling_a_python_leaves_out_torch_and_the_lab_pins(co):
+    py = co.python("python3.12", "3.12", torch=True)
+    proc = co.run("--for=run", COURSE_PYTHON=str(py), FAKE_MISSING="pandas")
+    assert proc.returncode == 0, proc.stderr
+    reqs = [c.strip()[len("req: "):] for c in co.calls() if c.startswith("  req: ")]
+    assert "pandas==3.1.1" in reqs
+    assert not [r for r in reqs if r.startswith(("torch", "jupyterlab", "ipywidgets",
+                                                 "papermill"))]
+
+
+# --- item: make lab -------------------------------------------------------------------------
+
+LAB_PYTHON = r"""#!/usr/bin/env bash
+if [ "$1" = -c ]; then exit "${FAKE_LAB_MISSING:-1}"; fi
+if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip ${*:3}" >> "$FAKE_LOG"; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = jupyterlab ]; then
+  echo "jupyterlab ${*:3} cwd=$(basename "$PWD")" >> "$FAKE_LOG"
+  echo "[I ServerApp] http://127.0.0.1:8888/lab?token=abc" >&2; exit 0
+fi
+exit 0
+"""
+
+
+@pytest.fixture
+def lab(co) -> Checkout:
+    py = _script(co.bin / "labpython", LAB_PYTHON)
+    _script(co.repo / "scripts" / "ensure_env.sh", f"#!/usr/bin/env bash\necho {py}\n")
+    (co.repo / "notebooks").mkdir()
+    _script(co.bin / "id", '#!/usr/bin/env bash\n[ "$1" = -u ] && echo "$FAKE_UID"\n')
+    return co
+
+
+@pytest.mark.parametrize("uid", ["0", "1000"])
+def test_make_lab_allows_root_only_as_root_and_installs_loudly(lab, uid):
+    proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID=uid)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line.startswith(("jupyterlab==", "ipywidgets=="))]
+    assert lab.pip_calls() == ["pip install " + " ".join(pins)], "no -q: pip shows progress"
+    assert f"installing {' '.join(pins)}" in proc.stdout
+    [server] = [c for c in lab.calls() if c.startswith("jupyterlab ")]
+    args = server.split()
+    assert "--ServerApp.ip=127.0.0.1" in args and "--no-browser" in args
+    assert ("--allow-root" in args) == (uid == "0")
+    assert args[-1] == "cwd=notebooks"
+    assert "http://127.0.0.1:8888/lab?token=abc" in proc.stderr, "the URL line is not swallowed"
+
+
+def test_make_lab_installs_nothing_when_jupyterlab_is_there(lab):
+    proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID="1000",
+                   FAKE_LAB_MISSING="0")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lab.pip_calls() == [] and "installing" not in proc.stdout
