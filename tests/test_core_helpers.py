@@ -1,4 +1,4 @@
-"""Unit tests of the foundation modules: profile, bench, roofline, results, envinfo, machine."""
+"""Unit tests of the measuring core: profile, bench, ceilings, results, environment, machine."""
 
 from __future__ import annotations
 

@@ -121,3 +121,11 @@ def test_ensure_env_leaves_out_exactly_the_lab_extra():
     lab = {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower()
            for r in extra["optional-dependencies"]["lab"]}
     assert left_out == lab
+
+
+def test_the_pinned_extra_is_requirements_runtime_pins_without_torch():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {re.split(r"[<>=]", d)[0].strip().lower() for d in project["dependencies"]}
+    pinned = dict(p.lower().split("==") for p in project["optional-dependencies"]["pinned"])
+    wanted = {k: v for k, v in pip_pins(REQUIREMENTS).items() if k in runtime - EXEMPT}
+    assert pinned == wanted

@@ -1,0 +1,80 @@
+"""A notebook opened alone starts: copied into an empty folder, run by a fresh virtual
+environment that holds only torch, nbconvert and ipykernel, its setup cell installs the course
+from COURSE_REPO (a local clone here) and the notebook completes in the smoke profile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PINS = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#"))
+
+
+def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    assert proc.returncode == 0, f"{cmd[:4]} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.notebook
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to clone the course")
+def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
+    head = _run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
+    clone = tmp_path / "clone"
+    _run(["git", "clone", "-q", str(ROOT), str(clone)])
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)])
+    python = venv / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "-q", f"torch=={PINS['torch']}",
+          f"nbconvert=={PINS['nbconvert']}", f"ipykernel=={PINS['ipykernel']}"])
+    alone = tmp_path / "service"
+    alone.mkdir()
+    name = "02_fused_adam_vs_adamw.ipynb"
+    shutil.copy(clone / "notebooks" / name, alone / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTHON"))}
+    env.update(COURSE_REPO=str(clone), COURSE_REF=head, COURSE_PROFILE="smoke",
+               HOME=str(tmp_path), PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")
+    _run([str(python), "-m", "nbconvert", "--to", "notebook", "--execute",
+          "--ExecutePreprocessor.timeout=600", "--output", "executed.ipynb", name],
+         cwd=alone, env=env, timeout=900)
+    executed = nbformat.read(alone / "executed.ipynb", as_version=4)
+    setup = executed.cells[2].outputs[0]["text"]
+    assert setup.startswith(f"setup: installed the course's helpers from {clone} at {head}")
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    assert list((alone / "results").glob("02_*.csv")), "the notebook saved no table"
+    torch_now = _run([str(python), "-c", "import torch; print(torch.__version__)"]).stdout
+    assert torch_now.strip().split("+")[0] == PINS["torch"]  # the installed torch was kept
+
+
+def test_without_course_repo_the_setup_cell_says_what_to_set(tmp_path):
+    nb = nbformat.read(ROOT / "notebooks" / "02_fused_adam_vs_adamw.ipynb", as_version=4)
+    setup = nb.cells[2].source
+    assert setup.startswith("# Setup:")
+    env = {"COURSE_REF": "main"}
+    code = setup.replace("from helpers import BENCH_METHOD_VERSION",
+                         "raise ImportError('simulated: not installed')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**{k: v for k, v in os.environ.items() if k != "COURSE_REPO"},
+                               **env})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == ("setup: the course's helpers are missing: set COURSE_REPO to "
+                                   "the course's git URL or a local clone and re-run this cell")
+
+
+def test_every_notebook_has_the_same_setup_cell_after_its_parameters():
+    cells = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        index = next(i for i, c in enumerate(nb.cells)
+                     if "parameters" in c.metadata.get("tags", []))
+        cells.append(nb.cells[index + 1].source)
+    assert len(set(cells)) == 1 and cells[0].startswith("# Setup:")
