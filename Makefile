@@ -43,7 +43,7 @@ lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops 
 	if ! $$py -c "import jupyterlab, ipywidgets" 2>/dev/null; then \
 	  pins=$$(grep -oE '^(jupyterlab|ipywidgets)==[^ #]+' requirements.txt | tr '\n' ' ' || true); \
 	  [ -n "$$pins" ] || { echo "make lab: requirements.txt pins no jupyterlab or ipywidgets"; exit 2; }; \
-	  echo "make lab: installing $$pins(the pins of requirements.txt, about 25 MB with their dependencies)"; \
+	  echo "make lab: installing $$pins(the pins of requirements.txt; the jupyterlab wheel alone is 17 MB, its dependencies come on top)"; \
 	  $$py -m pip install $$pins; \
 	fi; \
 	root_flag=; if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; fi; \
