@@ -35,6 +35,30 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NormFactory = Callable[[int], nn.Module]
 
 
+# The full profile's batch and the peak memory it was measured with: path 1 (FP32, the largest)
+# peaked at 19.6 GiB with 32 sequences of 1024 bytes on the H200 reference run (reports/h200/),
+# of which about 1.4 GiB are weights, gradients and Adam state; the rest grows with the batch.
+FULL_BATCH = 32
+PEAK_FIXED_GIB, PEAK_PER_SEQUENCE_GIB = 1.4, (19.6 - 1.4) / 32
+
+
+def full_batch(usable_gib: float | None, headroom: float = 0.85) -> tuple[int, str]:
+    """The full profile's sequences per step for a GPU with ``usable_gib`` of memory, and one
+    line saying why: 32, halved until the FP32 path's predicted peak fits in ``headroom`` of
+    the memory (16 on a 16 GB card)."""
+    batch = FULL_BATCH
+    if usable_gib is None:
+        return batch, f"batch {batch} sequences (the full profile's)"
+    predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
+    while batch > 1 and predicted > headroom * usable_gib:
+        batch //= 2
+        predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
+    why = ("the full profile's" if batch == FULL_BATCH else
+           f"halved from {FULL_BATCH} to fit this GPU")
+    return batch, (f"batch {batch} sequences ({why}: the FP32 path is predicted to peak at "
+                   f"{predicted:.1f} GiB of the {usable_gib:.1f} GiB this process may use)")
+
+
 def pad_vocab(vocab: int, multiple: int = 64) -> int:
     """Round the vocabulary up to a multiple (tensor-core friendly head shape)."""
     return multiple * math.ceil(vocab / multiple)

@@ -135,6 +135,16 @@ def capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if cuda_available() else None
 
 
+def usable_gpu_gib() -> float | None:
+    """GiB of GPU memory this process may use: the card's total times the per-process fraction
+    (``torch.cuda.set_per_process_memory_fraction``); None without a GPU."""
+    if not cuda_available():
+        return None
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda *_: 1.0)()
+    return total * fraction / 2**30
+
+
 def bf16_supported() -> bool:
     """True on a CUDA GPU with native bf16 (compute capability 8.0 or newer).
 

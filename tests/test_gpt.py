@@ -478,3 +478,27 @@ def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
     bound = fpt * tokens / 30e-3 / 1e12 / 989
     assert f"would reach {bound:.0%} MFU" in text
     assert "not measured" in gpt.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
+
+
+@pytest.mark.parametrize("usable, batch", [(139.8, 32), (24.0, 32), (15.0, 16), (14.7, 16),
+                                           (11.0, 8), (None, 32)])
+def test_the_full_batch_fits_the_gpu(usable, batch):
+    got, why = gpt.full_batch(usable)
+    assert got == batch and f"batch {batch} sequences" in why
+    if usable is not None:  # the FP32 path's predicted peak fits with headroom
+        assert gpt.PEAK_FIXED_GIB + gpt.PEAK_PER_SEQUENCE_GIB * got <= 0.85 * usable
+        assert ("halved" in why) == (batch < gpt.FULL_BATCH)
+
+
+def test_usable_gpu_memory_follows_the_per_process_fraction(monkeypatch):
+    from types import SimpleNamespace
+
+    assert machine.usable_gpu_gib() is None  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda _i: SimpleNamespace(total_memory=140 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda *_: 15 / 140,
+                        raising=False)
+    assert machine.usable_gpu_gib() == pytest.approx(15.0)
+    assert gpt.full_batch(machine.usable_gpu_gib())[0] == 16  # a 15 GiB cap halves the batch
