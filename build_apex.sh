@@ -18,12 +18,13 @@ readonly MIN_PIP="23.1"
 readonly GIB_PER_JOB=4       # memory budget per parallel nvcc/ninja job
 readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD cap)
 
-# Build-time figures for the estimate printed before a build, measured on 2026-12-01 in one
-# build on an NVIDIA H200 machine with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0):
-# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), APEX_JOBS=48:
-#   126 s wall, 541 s user + 45 s sys of CPU time;
+# Build-time figures for the estimate printed before a build, from builds on NVIDIA H200 machines
+# with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0):
+# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), APEX_JOBS=48,
+#   one build on 2026-12-01: 126 s wall, 541 s user + 45 s sys of CPU time;
 # - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, what this script
-#   builds), APEX_PARALLEL_BUILD=8 MAX_JOBS=2: 201-267 s wall (its CPU time was not measured).
+#   builds), APEX_PARALLEL_BUILD=8 MAX_JOBS=2, four builds up to 2026-11-29: 201-267 s wall
+#   (their CPU time was not measured).
 readonly EST_CPUS=16                 # CPUs of the machine the figures come from
 readonly EST_COURSE_EXT_CPU_S=586    # CPU-seconds (541 user + 45 sys) per architecture
 readonly EST_COURSE_EXT_WALL_S=126   # wall seconds per architecture (the floor of the model)
@@ -101,7 +102,7 @@ Environment:
   NVCC_APPEND_FLAGS    Passed through to nvcc unchanged.
 
 Build-time estimate (printed before a build and in the plan; an estimate, not a measurement),
-from one build on a $EST_CPUS-CPU NVIDIA H200 machine on 2026-12-01 for one architecture:
+from builds on $EST_CPUS-CPU NVIDIA H200 machines (2026-11-29 and 2026-12-01), one architecture:
   three extensions  amp_C, apex_C and fused_layer_norm_cuda (what the course uses) took
                     $EST_COURSE_EXT_CPU_S CPU-s there: $EST_COURSE_EXT_CPU_S s x architectures / jobs, where jobs =
                     min(CPUs, APEX_PARALLEL_BUILD x MAX_JOBS), and at least their ${EST_COURSE_EXT_WALL_S} s
@@ -476,7 +477,7 @@ build_estimate() {
     printf ' up to about %s-%s min for the full build (~30 extensions)' \
         "$(minutes $((EST_FULL_WALL_S_MIN * n * EST_CPUS / div)))" \
         "$(minutes $((EST_FULL_WALL_S_MAX * n * EST_CPUS / div)))"
-    printf ' [an estimate from one build on a %s-CPU H200 machine, 2026-12-01: %s; full build' \
+    printf ' [an estimate from builds on %s-CPU H200 machines (2026-11-29, 2026-12-01): %s; full build' \
         "$EST_CPUS" "$model"
     printf ' %s-%s s wall there%s x %s architecture(s), a rough upper-bound guess]' \
         "$EST_FULL_WALL_S_MIN" "$EST_FULL_WALL_S_MAX" "$scaled" "$n"

@@ -70,6 +70,18 @@ def test_without_course_repo_the_setup_cell_says_what_to_set(tmp_path):
                                    "the course's git URL or a local clone and re-run this cell")
 
 
+def test_without_torch_the_setup_cell_says_what_to_install():
+    setup = nbformat.read(ROOT / "notebooks" / "02_fused_adam_vs_adamw.ipynb",
+                          as_version=4).cells[2].source
+    code = (setup.replace("from helpers import BENCH_METHOD_VERSION",
+                          "raise ImportError('simulated: not installed')")
+            .replace('version("torch")', 'version("no-such-torch-here")'))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "COURSE_REPO": "/nowhere"})
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("setup: torch is not installed: install the build")
+
+
 def test_every_notebook_has_the_same_setup_cell_after_its_parameters():
     cells = []
     for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
