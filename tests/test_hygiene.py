@@ -35,6 +35,11 @@ def _conda_specs() -> dict[str, str]:
         if isinstance(dep, str):
             name, _, version = dep.partition("=")
             specs[name.strip()] = version.strip()
+        elif isinstance(dep, dict):  # the pip section's exact pins (torchao); "-e ." has none
+            for line in dep.get("pip", []):
+                name, sep, version = line.split("#")[0].partition("==")
+                if sep:
+                    specs[name.strip()] = version.strip()
     return specs
 
 

@@ -45,6 +45,11 @@ def conda_specs(text: str) -> dict[str, str]:
             name, version = re.match(r"([A-Za-z0-9_.-]+)\s*=*\s*(.*)", dep).groups()
             if name not in TOOLCHAIN:
                 specs[PIP_NAME.get(name, name).lower()] = version.strip()
+        elif isinstance(dep, dict):  # the pip section: PyPI pins (torchao), and "-e ."
+            for line in dep.get("pip", []):
+                name, sep, version = line.split("#")[0].partition("==")
+                if sep:
+                    specs[name.strip().lower()] = version.strip()
     return specs
 
 
