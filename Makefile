@@ -5,6 +5,8 @@ ENSURE := bash scripts/ensure_env.sh
 ENSURE_RUN := bash scripts/ensure_env.sh --for=run
 OUT ?= build/run
 PROFILE ?= $(or $(COURSE_PROFILE),auto)
+# PARAMS="amp_dtype=fp16 steps=40": set notebook parameters (papermill) for run, notebooks, report
+PARAM_ARGS := $(foreach p,$(PARAMS),--param $(p))
 
 .PHONY: help run test lab report notebooks apex clean
 
@@ -13,7 +15,7 @@ help:  ## list the targets
 
 run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execute all notebooks
 	@py=$$($(ENSURE_RUN)); \
-	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) --check; \
+	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS) --check; \
 	if $$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() and torch.version.cuda else 1)" 2>/dev/null \
 	   && $$py -c "import sys; from helpers.environment import find_nvcc; sys.exit(0 if find_nvcc() else 1)"; then \
 	  PYTHON=$$py ./build_apex.sh --legacy-amp \
@@ -23,20 +25,20 @@ run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execut
 	else \
 	  echo "make run: no CUDA GPU here, so Apex is not built; the notebooks run in the small 'smoke' profile and skip GPU-only cells."; \
 	fi; \
-	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE)
+	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS)
 
 test:  ## prepare the environment and run the test suite (unit tests, smoke notebooks, hygiene)
 	@py=$$($(ENSURE)); $$py -m pytest -q
 
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
-	@py=$$($(ENSURE_RUN)); $$py -m coursetools.runner --out $(OUT) --profile $(PROFILE)
+	@py=$$($(ENSURE_RUN)); $$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS)
 
 report:  ## on a CUDA machine: build Apex if needed, then a full-profile run into reports/<gpu>/
 	@py=$$($(ENSURE_RUN)); \
 	$$py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
 	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
-	$$py -m coursetools.report
+	$$py -m coursetools.report $(PARAM_ARGS)
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
 	@py=$$($(ENSURE)); \

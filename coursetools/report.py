@@ -1,8 +1,14 @@
-"""Reference runs: execute the five notebooks in the full profile into ``reports/<gpu>/`` and
+"""Reference runs: execute the notebooks in the full profile into ``reports/<gpu>/`` and
 write ``summary.json``; render the README's headline table from it.
 
     python -m coursetools.report                  # on a CUDA machine (make report)
+    python -m coursetools.report notebooks/06_*.ipynb   # re-run some; the others are kept
+    python -m coursetools.report --out reports/h200-fp16 --param amp_dtype=fp16
     python -m coursetools.report --readme-table reports/h200/summary.json
+
+Naming notebooks re-runs only those into an existing report: their executed copies and their
+``NN_*`` results replace the old ones, and ``summary.json`` records each notebook's own course
+commit, time and GPU memory (``notebooks``), so a report never mixes runs without saying so.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,9 +49,24 @@ def _records(results: Path, name: str, columns: tuple[str, ...]) -> list[dict]:
     return json.loads(df[keep].to_json(orient="records"))
 
 
-def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile: str) -> dict:
-    """Collect the figures the README and later runs compare against."""
+def notebook_records(runs: list[runner.NotebookRun], env: dict) -> dict:
+    """One record per notebook run: its status, time, GPU memory, parameters and commit."""
+    return {r.name: {"ok": r.ok, "seconds": round(r.seconds, 1),
+                     "peak_gpu_gib": None if r.peak_gpu_gib is None else round(r.peak_gpu_gib, 2),
+                     "parameters": r.parameters or {}, "course_commit": env.get("course_commit"),
+                     "date": env.get("date")}
+            for r in runs}
+
+
+def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile: str,
+                  previous: dict | None = None, parameters: dict | None = None) -> dict:
+    """Collect the figures the README and later runs compare against. With ``previous`` (the
+    summary of the report these runs were merged into), the notebooks not run now keep their
+    records."""
     results = out / "results"
+    notebooks = dict((previous or {}).get("notebooks", {}))
+    notebooks.update(notebook_records(runs, env))
+    notebooks = dict(sorted(notebooks.items()))
     return {
         "gpu_name": env.get("gpu_name"),
         "driver": env.get("driver"),
@@ -55,15 +77,43 @@ def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile:
         "course_commit": env.get("course_commit"),
         "date": env.get("date"),
         "profile": profile,
-        "notebook_seconds": {r.name: round(r.seconds, 1) for r in runs},
-        "notebook_ok": {r.name: r.ok for r in runs},
+        "parameters": parameters or {},
+        "notebook_seconds": {k: v["seconds"] for k, v in notebooks.items()},
+        "notebook_ok": {k: v["ok"] for k, v in notebooks.items()},
+        "notebooks": notebooks,
         "transformer_paths": _records(results, "05_paths", PATH_KEYS),
         "optimizer_step": _records(results, "02_optimizer_step",
                                    ("candidate", "median_ms", "pct_of_copy_ceiling")),
         "norms": _records(results, "03_norm_timings",
                           ("norm", "candidate", "dtype", "pass", "median_ms",
                            "pct_of_copy_ceiling")),
+        "fp8_sweep": _records(results, "06_width_sweep",
+                              ("shape", "in_features", "out_features", "recipe", "median_ms",
+                               "tflops", "ratio_vs_bf16")),
+        "fp8_end_to_end": _records(results, "06_end_to_end",
+                                   ("recipe", "status", "step_ms", "tokens_per_s", "mfu",
+                                    "peak_mem_gib", "final_val_loss", "speedup_vs_bf16")),
+        "scaling_overhead": _records(results, "07_overhead",
+                                     ("variant", "world_size", "step_ms", "step_ms_iqr",
+                                      "tokens_per_s", "peak_mem_gib", "overhead_pct")),
     }
+
+
+def merge_into(out: Path, staging: Path, names: list[str]) -> None:
+    """Move the executed notebooks ``names`` and their ``NN_*`` results from ``staging`` into
+    the report ``out``, replacing the old ones; the rest of ``out`` stays."""
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        prefix = name[:3]  # "06_"
+        for old in (out / "results").glob(prefix + "*"):
+            old.unlink()
+        for new in (staging / "results").glob(prefix + "*"):
+            shutil.move(str(new), out / "results" / new.name)
+        if (staging / name).exists():
+            shutil.move(str(staging / name), out / name)
+    for cache in (staging / "results").glob("ceilings-*.json"):  # the newest measured ceilings
+        shutil.move(str(cache), out / "results" / cache.name)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def validate_summary(summary: dict) -> list[str]:
@@ -74,8 +124,11 @@ def validate_summary(summary: dict) -> list[str]:
     for index, row in enumerate(summary.get("transformer_paths", [])):
         problems += [f"transformer_paths[{index}] lacks '{k}'" for k in PATH_KEYS if k not in row]
     seconds = summary.get("notebook_seconds", {})
-    if sorted(seconds) != sorted(p.name for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        problems.append("notebook_seconds must name each of the five notebooks")
+    wanted = sorted(p.name for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if sorted(seconds) != wanted:
+        lacking = sorted(set(wanted) - set(seconds)) or sorted(set(seconds) - set(wanted))
+        problems.append("notebook_seconds must name each notebook of notebooks/ and no other "
+                        f"(not so: {', '.join(lacking)})")
     return problems
 
 
@@ -85,10 +138,13 @@ def _fmt(value, spec: str) -> str:
 
 def readme_table(summary: dict) -> str:
     """The README's headline: notebook 05's paths on the reference GPU."""
+    ran = summary.get("notebooks", {}).get("05_end_to_end_transformer.ipynb", {})  # its own run
+    commit = ran.get("course_commit", summary["course_commit"])
+    date = ran.get("date", summary["date"])
     lines = [
         f"Measured on **{summary['gpu_name']}** (driver {summary['driver']}), torch "
         f"{summary['torch']} + CUDA {summary['cuda']}, Apex `{(summary['apex_commit'] or '?')[:8]}`"
-        f", course commit `{summary['course_commit']}`, {summary['date'][:10]}.",
+        f", course commit `{commit}`, {date[:10]}.",
         "",
         "| path | step (ms) | tokens/s | MFU | peak mem (GiB) | val loss | speedup vs FP32 |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -114,7 +170,11 @@ def readme_section(readme: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the reference report (or print the README table of an existing summary)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="re-run only these into the existing report (default: all)")
     parser.add_argument("--out", type=Path, help="default: reports/<gpu-slug>")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a parameter in every notebook that defines it (papermill)")
     parser.add_argument("--profile", default="full", choices=["full", "smoke"])
     parser.add_argument("--readme-table", type=Path, metavar="SUMMARY",
                         help="print the README headline table of SUMMARY and exit")
@@ -139,13 +199,34 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = environment.environment_report()
     out = args.out or ROOT / "reports" / gpu_slug(env.get("gpu_name") or "cpu")
-    notebooks = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-    problem = runner.out_problem(out)
+    every = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [p.resolve() for p in args.notebooks] or every
+    previous = None
+    if args.notebooks:
+        try:
+            previous = json.loads((out / "summary.json").read_text())
+        except (OSError, ValueError):
+            print(f"report: error: re-running some notebooks needs the report they join, and "
+                  f"{out / 'summary.json'} is missing or unreadable: run `make report` first.",
+                  file=sys.stderr)
+            return 2
+    problem = (runner.out_problem(out) or runner.params_problem(notebooks, args.param)
+               or next((f"no such notebook: {p}" for p in notebooks if not p.exists()), ""))
     if problem:
         print(f"report: error: {problem}", file=sys.stderr)
         return 2
-    runs = runner.run_into(notebooks, out, profile=args.profile, keep_previous=False)
-    summary = build_summary(out, runs, env, args.profile)
+    params = runner.parse_params(args.param)
+    if previous is None:
+        runs = runner.run_into(notebooks, out, profile=args.profile, keep_previous=False,
+                               params=params)
+    else:
+        staging = out.with_name(out.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            runs = runner.run_all(notebooks, staging, profile=args.profile, params=params)
+        finally:
+            merge_into(out, staging, [p.name for p in notebooks])
+    summary = build_summary(out, runs, env, args.profile, previous, params)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(runner.summary(runs))
     print(f"\nreport written to {out}; README table:\n\n{readme_table(summary)}")

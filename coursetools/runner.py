@@ -1,6 +1,7 @@
 """Execute course notebooks headless with nbconvert and write the executed copies.
 
     python -m coursetools.runner [NOTEBOOK ...] --out build/run [--profile auto|smoke|full]
+                                 [--param NAME=VALUE ...]
 
 With no notebook named, all of ``notebooks/*.ipynb`` run in order. Each executed copy is
 written even when a cell fails or the run is interrupted (Ctrl-C: exit 130), the failing cell is
@@ -10,15 +11,24 @@ replaces ``<out>`` (the run before it is kept as ``<out>.previous``), so a folde
 the notebooks of one run with the tables of another.
 Kernels get ``COURSE_PROFILE``, ``COURSE_RESULTS_DIR=<out>/results``, ``COURSE_HEADLESS=1`` and
 the checkout on ``PYTHONPATH``, so the runner works from any working directory.
+
+``--param amp_dtype=fp16`` sets a parameter with papermill (a cell tagged
+``injected-parameters`` after the parameters cell, as ``papermill -p`` writes it) in every
+notebook whose parameters cell defines that name; a name no notebook defines is refused before
+any notebook starts. Where ``nvidia-smi`` runs, the GPU memory in use (every process on the GPU,
+what a smaller card would have to hold) is sampled during each notebook and its peak reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +52,8 @@ class NotebookRun:
     output: Path
     error: str = ""
     interrupted: bool = False
+    parameters: dict | None = None  # the ones set with --param (this notebook defines them)
+    peak_gpu_gib: float | None = None  # GPU memory in use at its peak, all processes (nvidia-smi)
 
     @property
     def status(self) -> str:
@@ -58,12 +70,105 @@ def _failing_cell(nb) -> tuple[int, str] | None:
     return None
 
 
+class ParameterError(ValueError):
+    """A --param the notebooks cannot take; its message is the one sentence to print."""
+
+
+def parse_params(items: list[str]) -> dict:
+    """``["amp_dtype=fp16", "steps=40"]`` -> ``{"amp_dtype": "fp16", "steps": 40}`` (values as
+    Python literals where they parse, else strings)."""
+    params = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ParameterError(f"--param {item!r} is not NAME=VALUE, e.g. --param amp_dtype=fp16")
+        try:
+            params[name.strip()] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            params[name.strip()] = raw
+    return params
+
+
+def parameter_names(nb) -> set[str]:
+    """The names the notebook's cell tagged ``parameters`` assigns."""
+    cell = next((c for c in nb.cells if "parameters" in c.metadata.get("tags", [])), None)
+    if cell is None:
+        return set()
+    tree = ast.parse(cell.source)
+    return {t.id for node in tree.body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def unknown_params(paths: list[Path], params: dict) -> list[str]:
+    """The names in ``params`` that no notebook of ``paths`` defines."""
+    known = set().union(*(parameter_names(nbformat.read(p, as_version=4)) for p in paths))
+    return sorted(set(params) - known)
+
+
+def inject(nb, params: dict, kernel: str = "python3"):
+    """(notebook, what was set): papermill's injected-parameters cell for the names ``nb``
+    defines; ``nb`` unchanged when it defines none of them."""
+    wanted = {k: v for k, v in params.items() if k in parameter_names(nb)}
+    if not wanted:
+        return nb, {}
+    try:
+        from papermill.parameterize import parameterize_notebook
+    except ImportError:
+        raise ParameterError("--param needs papermill: pip install papermill==2.7.0 "
+                             "(the version requirements.txt pins)") from None
+    for cell in nb.cells:  # what papermill's own loader adds: every cell's tags, its metadata
+        cell.metadata.setdefault("tags", [])
+    nb.metadata.setdefault("papermill", {})
+    return parameterize_notebook(nb, wanted, kernel_name=kernel, language="python"), wanted
+
+
+class GpuMemorySampler:
+    """``nvidia-smi`` in the background, sampling the GPU memory in use every ``interval_ms``;
+    :meth:`peak_gib` gives the largest sample since a mark. Inert where nvidia-smi is missing."""
+
+    def __init__(self, interval_ms: int = 200):
+        self.samples: list[tuple[float, float]] = []
+        self._proc = None
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return
+        index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        try:
+            self._proc = subprocess.Popen(
+                [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                 f"-lms={interval_ms}", f"--id={index}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                self.samples.append((time.perf_counter(), float(line.strip()) / 1024))
+            except ValueError:
+                continue
+
+    def peak_gib(self, since: float) -> float | None:
+        """The largest sample taken after ``since`` (a perf_counter time), or None."""
+        time.sleep(0.3)  # the sample of the notebook's last moments
+        values = [gib for t, gib in self.samples if t >= since]
+        return max(values) if values else None
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(timeout=5)
+
+
 def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 900,
-            notebook_timeout: float | None = None, kernel: str = "python3") -> NotebookRun:
+            notebook_timeout: float | None = None, kernel: str = "python3",
+            params: dict | None = None, sampler: GpuMemorySampler | None = None) -> NotebookRun:
     """Execute one notebook in its own folder; write ``out_dir/<name>`` whatever happens.
 
     ``timeout`` bounds each cell; ``notebook_timeout`` the whole notebook (the cell running when
-    it expires is interrupted and reported as the failing one)."""
+    it expires is interrupted and reported as the failing one). ``params`` are set with
+    papermill where the notebook defines them."""
     path = path.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     results = (out_dir / "results").resolve()
@@ -72,7 +177,7 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
                       COURSE_HEADLESS="1", PYTHONUNBUFFERED="1")
     paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    nb = nbformat.read(path, as_version=4)
+    nb, applied = inject(nbformat.read(path, as_version=4), params or {}, kernel)
     # The kernel's own log (e.g. its note on local TCP sockets) stays out of the run's output.
     processor = ExecutePreprocessor(timeout=timeout, kernel_name=kernel,
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
@@ -96,23 +201,32 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
     seconds = time.perf_counter() - start
     nbformat.write(nb, target)
-    return NotebookRun(path.name, seconds, ok, target, error, interrupted)
+    peak = sampler.peak_gib(start) if sampler is not None else None
+    return NotebookRun(path.name, seconds, ok, target, error, interrupted, applied or None, peak)
 
 
 def run_all(paths: list[Path], out_dir: Path, *, profile: str = "auto",
-            timeout: int = 900, notebook_timeout: float | None = None) -> list[NotebookRun]:
+            timeout: int = 900, notebook_timeout: float | None = None,
+            params: dict | None = None) -> list[NotebookRun]:
     """Execute notebooks in order and print one line per notebook as it finishes."""
     runs = []
-    for path in paths:
-        print(f"running {path.name} (profile {profile}) ...", flush=True)
-        run = execute(path, out_dir, profile=profile, timeout=timeout,
-                      notebook_timeout=notebook_timeout)
-        status = ("ok" if run.ok else run.error if run.interrupted
-                  else f"FAILED - {run.error}")
-        print(f"  {run.seconds:7.1f} s  {status}", flush=True)
-        runs.append(run)
-        if run.interrupted:
-            break
+    sampler = GpuMemorySampler() if profile == "full" else None
+    try:
+        for path in paths:
+            print(f"running {path.name} (profile {profile}) ...", flush=True)
+            run = execute(path, out_dir, profile=profile, timeout=timeout,
+                          notebook_timeout=notebook_timeout, params=params, sampler=sampler)
+            status = ("ok" if run.ok else run.error if run.interrupted
+                      else f"FAILED - {run.error}")
+            if run.parameters:
+                status += "  (" + ", ".join(f"{k}={v!r}" for k, v in run.parameters.items()) + ")"
+            print(f"  {run.seconds:7.1f} s  {status}", flush=True)
+            runs.append(run)
+            if run.interrupted:
+                break
+    finally:
+        if sampler is not None:
+            sampler.close()
     return runs
 
 
@@ -137,8 +251,8 @@ def out_problem(out: Path) -> str:
 
 
 def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
-             notebook_timeout: float | None = None,
-             keep_previous: bool = True) -> list[NotebookRun]:
+             notebook_timeout: float | None = None, keep_previous: bool = True,
+             params: dict | None = None) -> list[NotebookRun]:
     """:func:`run_all` into ``<out>.partial``, which then replaces ``out`` whatever happened
     (``out`` before it becomes ``<out>.previous`` when ``keep_previous``, else is removed)."""
     staging = out.with_name(out.name + ".partial")
@@ -146,7 +260,7 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
     runs: list[NotebookRun] = []
     try:
         runs = run_all(paths, staging, profile=profile, timeout=timeout,
-                       notebook_timeout=notebook_timeout)
+                       notebook_timeout=notebook_timeout, params=params)
     finally:
         previous = out.with_name(out.name + ".previous")
         if out.exists():
@@ -159,15 +273,42 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
             staging.rename(out)
     for run in runs:
         run.output = out / run.output.name
+    if out.exists():
+        write_runs(out / "runs.json", runs, profile)
     return runs
+
+
+def write_runs(path: Path, runs: list[NotebookRun], profile: str) -> None:
+    """The run's record beside its notebooks: each notebook's status, time, GPU memory and the
+    parameters set, with the environment variables that change the numbers."""
+    import json
+
+    from helpers.environment import RELEVANT_VARS
+    from helpers.results import atomic_write_text
+
+    record = {"profile": profile,
+              "environment": {k: os.environ[k] for k in RELEVANT_VARS if k in os.environ},
+              "notebooks": [{"name": r.name, "status": r.status, "seconds": round(r.seconds, 1),
+                             "peak_gpu_gib": None if r.peak_gpu_gib is None
+                             else round(r.peak_gpu_gib, 2),
+                             "parameters": r.parameters or {}, "error": r.error} for r in runs]}
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
 def summary(runs: list[NotebookRun]) -> str:
     """The closing time table."""
     width = max([len(r.name) for r in runs] + [8])
-    lines = [f"{'notebook':<{width}}  {'seconds':>8}  status"]
-    lines += [f"{r.name:<{width}}  {r.seconds:8.1f}  {r.status}" for r in runs]
+    gpu = any(r.peak_gpu_gib is not None for r in runs)
+    head = f"{'notebook':<{width}}  {'seconds':>8}" + ("  GPU GiB" if gpu else "") + "  status"
+    lines = [head]
+    for r in runs:
+        mem = (f"  {r.peak_gpu_gib:7.1f}" if r.peak_gpu_gib is not None else f"  {'-':>7}"
+               ) if gpu else ""
+        lines.append(f"{r.name:<{width}}  {r.seconds:8.1f}{mem}  {r.status}")
     lines.append(f"{'total':<{width}}  {sum(r.seconds for r in runs):8.1f}")
+    if gpu:
+        lines.append("GPU GiB: the most GPU memory in use during the notebook, all processes "
+                     "(nvidia-smi, sampled every 0.2 s)")
     return "\n".join(lines)
 
 
@@ -181,13 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     parser.add_argument("--notebook-timeout", type=float, default=None,
                         help="seconds per notebook (default: no limit beyond the per-cell one)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a parameter in every notebook that defines it (papermill)")
     parser.add_argument("--check", action="store_true",
                         help="only check the profile and the output folder, then exit")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     missing = [p for p in paths if not p.exists()]
     problem = (f"no such notebook: {', '.join(map(str, missing))}" if missing else
-               profile_problem(args.profile) or out_problem(args.out))
+               profile_problem(args.profile) or out_problem(args.out)
+               or params_problem(paths, args.param))
     if problem:
         print(f"runner: error: {problem}", file=sys.stderr)
         return 2
@@ -196,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = resolve(args.profile).name
     try:
         runs = run_into(paths, args.out, profile=profile, timeout=args.timeout,
-                        notebook_timeout=args.notebook_timeout)
+                        notebook_timeout=args.notebook_timeout, params=parse_params(args.param))
     except KeyboardInterrupt:  # between two notebooks
         runs = []
         print("interrupted (Ctrl-C)", file=sys.stderr)
@@ -210,6 +354,24 @@ def main(argv: list[str] | None = None) -> int:
     for r in failed:
         print(f"FAILED {r.name}: {r.error}\n  see {r.output}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def params_problem(paths: list[Path], items: list[str]) -> str:
+    """'' when every --param parses and some notebook defines it, else the one sentence."""
+    try:
+        params = parse_params(items)
+        unknown = unknown_params(paths, params)
+        if params and not unknown:
+            from papermill.parameterize import parameterize_notebook  # noqa: F401
+    except ParameterError as exc:
+        return str(exc)
+    except ImportError:
+        return ("--param needs papermill: pip install papermill==2.7.0 "
+                "(the version requirements.txt pins)")
+    if unknown:
+        return (f"no notebook here has a parameter {', '.join(map(repr, unknown))}: see the "
+                "parameters cell (the first code cell) of each notebook")
+    return ""
 
 
 def profile_problem(name: str) -> str:

@@ -140,9 +140,15 @@ def usable_gpu_gib() -> float | None:
     (``torch.cuda.set_per_process_memory_fraction``); None without a GPU."""
     if not cuda_available():
         return None
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda *_: 1.0)()
-    return total * fraction / 2**30
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+    if hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        return total * torch.cuda.get_per_process_memory_fraction()
+    from helpers.profile import MEMORY_VAR  # an older torch: the cap this course set, if any
+
+    try:
+        return min(total, float(os.environ.get(MEMORY_VAR) or total))
+    except ValueError:
+        return total
 
 
 def bf16_supported() -> bool:

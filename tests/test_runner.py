@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
@@ -47,3 +50,49 @@ def test_notebook_timeout_stops_a_long_notebook(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "FAILED slow.ipynb" in err and "Timeout" in err, err
     assert (tmp_path / "out" / "slow.ipynb").exists()
+
+
+def test_param_is_injected_where_a_notebook_defines_it(tmp_path, capsys):
+    """--param sets the value (papermill's injected cell after the parameters cell) in the
+    notebooks that define the name and leaves the others alone."""
+    takes = tmp_path / "takes.ipynb"
+    nb = new_notebook(cells=[new_code_cell('amp_dtype = "auto"\nsteps = 3'),
+                             new_code_cell("print(f'{amp_dtype} {steps}')")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nbformat.write(nb, takes)
+    other = _notebook(tmp_path / "other.ipynb", "print('no parameters here')")
+    out = tmp_path / "out"
+    code = runner.main([str(takes), str(other), "--out", str(out), "--profile", "smoke",
+                        "--param", "amp_dtype=fp16", "--param", "steps=7"])
+    assert code == 0
+    executed = nbformat.read(out / "takes.ipynb", as_version=4)
+    assert executed.cells[1].metadata["tags"] == ["injected-parameters"]
+    assert executed.cells[-1].outputs[0]["text"] == "fp16 7\n"  # a string and an int
+    assert "(amp_dtype='fp16', steps=7)" in capsys.readouterr().out
+    untouched = nbformat.read(out / "other.ipynb", as_version=4)
+    assert len(untouched.cells) == 1
+    record = json.loads((out / "runs.json").read_text())  # the run's record beside it
+    assert [(n["name"], n["status"], n["parameters"]) for n in record["notebooks"]] == [
+        ("takes.ipynb", "ok", {"amp_dtype": "fp16", "steps": 7}), ("other.ipynb", "ok", {})]
+
+
+def test_param_no_notebook_defines_is_refused_before_any_run(tmp_path, capsys):
+    nb = _notebook(tmp_path / "nb.ipynb", "print('ran')")
+    code = runner.main([str(nb), "--out", str(tmp_path / "out"), "--param", "amp_dtyp=fp16"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no notebook here has a parameter 'amp_dtyp'" in err
+    assert not (tmp_path / "out").exists()
+    assert runner.params_problem([nb], ["no-equals-sign"]).startswith("--param 'no-equals-sign'")
+
+
+def test_gpu_sampler_reports_the_peak_of_its_window(monkeypatch):
+    sampler = runner.GpuMemorySampler.__new__(runner.GpuMemorySampler)
+    sampler.samples, sampler._proc = [(1.0, 30.0), (5.0, 2.0), (6.0, 4.5)], None
+    monkeypatch.setattr(runner.time, "sleep", lambda _s: None)
+    assert sampler.peak_gib(since=4.0) == 4.5  # the 30 GiB before the window does not count
+    assert sampler.peak_gib(since=7.0) is None
+    run = runner.NotebookRun("a.ipynb", 2.0, True, Path("a.ipynb"))
+    assert "GPU GiB" not in runner.summary([run])  # no column where nothing was sampled
+    run.peak_gpu_gib = 4.5
+    assert "    4.5  ok" in runner.summary([run])
