@@ -19,17 +19,19 @@ readonly GIB_PER_JOB=4       # memory budget per parallel nvcc/ninja job
 readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD cap)
 
 # Build-time figures for the estimate printed before a build, from builds on NVIDIA H200 machines
-# with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0):
-# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), APEX_JOBS=48,
+# with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0), timed with bash's `time`:
+# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda: --course-only),
 #   one build on 2026-12-01: 126 s wall, 541 s user + 45 s sys of CPU time;
-# - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, what this script
-#   builds), APEX_PARALLEL_BUILD=8 MAX_JOBS=2, four builds up to 2026-11-29: 201-267 s wall
-#   (their CPU time was not measured).
+# - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, the default),
+#   APEX_PARALLEL_BUILD=8 MAX_JOBS=2, one build on 2026-12-01: 246 s wall, 1417 s user + 103 s
+#   sys of CPU time.
 readonly EST_CPUS=16                 # CPUs of the machine the figures come from
 readonly EST_COURSE_EXT_CPU_S=586    # CPU-seconds (541 user + 45 sys) per architecture
 readonly EST_COURSE_EXT_WALL_S=126   # wall seconds per architecture (the floor of the model)
-readonly EST_FULL_WALL_S_MIN=201     # full build, wall seconds on EST_CPUS CPUs, fastest run
-readonly EST_FULL_WALL_S_MAX=267     # ... slowest run
+readonly EST_FULL_CPU_S=1520         # full build: CPU-seconds (1417 user + 103 sys) per architecture
+readonly EST_FULL_WALL_S=246         # full build: wall seconds per architecture (its floor)
+# The extensions the course imports: what --course-only builds, and what verification checks.
+readonly COURSE_EXTENSIONS="amp_C,apex_C,fused_layer_norm_cuda"
 
 # Versions that the install hints pin where requirements.txt does not name the package.
 readonly COURSE_CUDA="13.0"          # CUDA of the torch wheels the hints point at (cu130)
@@ -55,7 +57,7 @@ readonly TORCH_PIN NINJA_PIN
 
 usage() {
     cat <<EOF
-Usage: ./$PROG [--dry-run] [--force] [--legacy-amp | --legacy-only] [--help]
+Usage: ./$PROG [--dry-run] [--force] [--course-only] [--legacy-amp | --legacy-only] [--help]
 
 Builds NVIDIA Apex from $APEX_URL at a pinned commit with its C++ and CUDA
 extensions (APEX_CPP_EXT=1 APEX_CUDA_EXT=1 pip install -v --no-build-isolation --no-deps .)
@@ -72,6 +74,12 @@ Options:
                   that failure's (3). Without --dry-run the first failing check stops the
                   script at once.
   --force         Rebuild even if the same verified commit is already installed.
+  --course-only   Build only the extensions the course uses (${COURSE_EXTENSIONS//,/, }),
+                  about 2.6x less CPU time than the full build (see the estimate below):
+                  the choice for a machine with few CPUs. Apex's setup.py has no option for
+                  this, so the script filters its extension list in the staged copy it builds
+                  (the source folder itself is never changed); other fused kernels of Apex
+                  (fused dense, MLP, softmax, ...) are then absent.
   --legacy-amp    Additionally install the legacy commit (the last one with apex.amp)
                   Python-only into \$APEX_WORKDIR/legacy-amp. It never shadows the main
                   Apex: use it only via PYTHONPATH of a child process, e.g.
@@ -102,14 +110,11 @@ Environment:
   NVCC_APPEND_FLAGS    Passed through to nvcc unchanged.
 
 Build-time estimate (printed before a build and in the plan; an estimate, not a measurement),
-from builds on $EST_CPUS-CPU NVIDIA H200 machines (2026-11-29 and 2026-12-01), one architecture:
-  three extensions  amp_C, apex_C and fused_layer_norm_cuda (what the course uses) took
-                    $EST_COURSE_EXT_CPU_S CPU-s there: $EST_COURSE_EXT_CPU_S s x architectures / jobs, where jobs =
-                    min(CPUs, APEX_PARALLEL_BUILD x MAX_JOBS), and at least their ${EST_COURSE_EXT_WALL_S} s
-                    wall time there per architecture.
-  full build        what this script builds (about 30 extensions) took $EST_FULL_WALL_S_MIN-$EST_FULL_WALL_S_MAX s of
-                    wall time there (CPU time not measured): x $EST_CPUS / jobs (never below x 1)
-                    x architectures, a rough upper-bound guess.
+from builds on $EST_CPUS-CPU NVIDIA H200 machines (2026-12-01), one architecture each: the CPU time
+a build took there x architectures / jobs, where jobs = min(CPUs, APEX_PARALLEL_BUILD x
+MAX_JOBS), and never less than the wall time it took there x architectures:
+  --course-only     $EST_COURSE_EXT_CPU_S CPU-s, ${EST_COURSE_EXT_WALL_S} s wall (the three extensions)
+  full build        $EST_FULL_CPU_S CPU-s, ${EST_FULL_WALL_S} s wall (about 30 extensions; the default)
 
 Files (under \$APEX_WORKDIR):
   src/apex, src/apex-legacy  source trees that are built
@@ -143,13 +148,14 @@ usage_error() {
 }
 
 # ---------------------------------------------------------------- options and environment
-DRY_RUN=0 FORCE=0 WANT_MAIN=1 WANT_LEGACY=0
+DRY_RUN=0 FORCE=0 WANT_MAIN=1 WANT_LEGACY=0 COURSE_ONLY=0
 for arg in "$@"; do
     case "$arg" in
         -h | --help) usage; exit 0 ;;
         --dry-run) DRY_RUN=1 ;;
         --force) FORCE=1 ;;
         --legacy-amp) WANT_LEGACY=1 ;;
+        --course-only) COURSE_ONLY=1 ;;
         --legacy-only) WANT_LEGACY=1 WANT_MAIN=0 ;;
         *) usage_error "unknown option: $arg" ;;
     esac
@@ -455,32 +461,24 @@ minutes() {
     printf '%s' "$m"
 }
 # build_estimate ARCH_LIST CPUS JOBS: the estimate sentence, from the EST_* figures at the top.
-# Model: the course's three extensions take EST_COURSE_EXT_CPU_S CPU-seconds per architecture,
-# spread over the parallel jobs (at most the CPUs), never below the wall time measured per
-# architecture; the full build's measured wall time is scaled by EST_CPUS / jobs (never below 1).
+# Model: a build takes its measured CPU-seconds per architecture, spread over the parallel jobs
+# (at most the CPUs), and never less than the wall time measured per architecture.
 build_estimate() {
-    local archs=() n cpus=$2 par=$3 course floor div model scaled=""
+    local archs=() n cpus=$2 par=$3 course full chosen
     read -r -a archs <<<"${1//[;,]/ }"
     n=${#archs[@]}
     ((n >= 1)) || n=1
     ((par <= cpus)) || par=$cpus
     ((par >= 1)) || par=1
-    course=$((EST_COURSE_EXT_CPU_S * n / par)) floor=$((EST_COURSE_EXT_WALL_S * n))
-    model="$EST_COURSE_EXT_CPU_S CPU-s per architecture / $par jobs"
-    if ((course < floor)); then
-        course=$floor model+=", at least the ${EST_COURSE_EXT_WALL_S} s wall per architecture measured there"
-    fi
-    div=$((par < EST_CPUS ? par : EST_CPUS))
-    ((div == EST_CPUS)) || scaled=" x $EST_CPUS/$div jobs"
-    printf 'about %s min on %s CPUs for %s architecture(s) for the course'"'"'s three extensions,' \
+    course=$((EST_COURSE_EXT_CPU_S * n / par)) full=$((EST_FULL_CPU_S * n / par))
+    ((course >= EST_COURSE_EXT_WALL_S * n)) || course=$((EST_COURSE_EXT_WALL_S * n))
+    ((full >= EST_FULL_WALL_S * n)) || full=$((EST_FULL_WALL_S * n))
+    if ((COURSE_ONLY)); then chosen="--course-only"; else chosen="the full build"; fi
+    printf 'about %s min on %s CPUs for %s architecture(s) with --course-only (the course'"'"'s three extensions),' \
         "$(minutes "$course")" "$cpus" "$n"
-    printf ' up to about %s-%s min for the full build (~30 extensions)' \
-        "$(minutes $((EST_FULL_WALL_S_MIN * n * EST_CPUS / div)))" \
-        "$(minutes $((EST_FULL_WALL_S_MAX * n * EST_CPUS / div)))"
-    printf ' [an estimate from builds on %s-CPU H200 machines (2026-11-29, 2026-12-01): %s; full build' \
-        "$EST_CPUS" "$model"
-    printf ' %s-%s s wall there%s x %s architecture(s), a rough upper-bound guess]' \
-        "$EST_FULL_WALL_S_MIN" "$EST_FULL_WALL_S_MAX" "$scaled" "$n"
+    printf ' about %s min for the full build (~30 extensions); this run: %s' "$(minutes "$full")" "$chosen"
+    printf ' [an estimate from builds on %s-CPU H200 machines (2026-12-01): %s and %s CPU-s per architecture / %s jobs, at least %s and %s s wall per architecture]' \
+        "$EST_CPUS" "$EST_COURSE_EXT_CPU_S" "$EST_FULL_CPU_S" "$par" "$EST_COURSE_EXT_WALL_S" "$EST_FULL_WALL_S"
 }
 
 if ((WANT_MAIN)); then
@@ -625,7 +623,8 @@ print_plan() {
         row jobs "APEX_PARALLEL_BUILD=$PARALLEL_BUILD MAX_JOBS=$NINJA_JOBS (budget $JOBS_BUDGET: $JOBS_REASON)"
         row estimate "$ESTIMATE"
         [[ -n "${NVCC_APPEND_FLAGS:-}" ]] && row "nvcc flags" "NVCC_APPEND_FLAGS=$NVCC_APPEND_FLAGS"
-        row build "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 $PYTHON -m pip install -v --no-build-isolation --no-deps ."
+        row build "APEX_CPP_EXT=1 APEX_CUDA_EXT=1 $PYTHON -m pip install -v --no-build-isolation --no-deps .$(
+            if ((COURSE_ONLY)); then printf ' (--course-only: %s alone)' "${COURSE_EXTENSIONS//,/, }"; fi)"
         row "install target" "${P[site_packages]:-unknown (no working python)} (replaces any installed 'apex')"
         row "build log" "$BUILD_LOG"
         row marker "$MARKER ($(if [[ -f "$MARKER" ]]; then
@@ -705,8 +704,14 @@ verify_main() {
 
 main_is_current() {
     local commit torch
+    local built
     commit="$(json_get "$MARKER" commit)" torch="$(json_get "$MARKER" torch_version)"
+    built="$(json_get "$MARKER" extensions)"
     [[ "$commit" == "$APEX_REF" && "$torch" == "$TORCH_VERSION" ]] || return 1
+    if [[ "$built" == course-only ]] && ((!COURSE_ONLY)); then
+        say "the installed Apex has only the course's extensions (--course-only); building the full set."
+        return 1
+    fi
     if verify_main; then
         say "Apex $APEX_REF is already built for torch $TORCH_VERSION and verified ($MARKER); use --force to rebuild."
         return 0
@@ -719,6 +724,7 @@ build_main() {
     local src="$APEX_WORKDIR/src/apex" start seconds rc=0 extra_path
     say "estimate: $ESTIMATE"
     stage_source "$MAIN_SRC_KIND" "$APEX_SRC" "$APEX_REF" "$src"
+    ((COURSE_ONLY)) && keep_course_extensions "$src/setup.py"
     rm -f "$MARKER"
     say "removing any previously installed 'apex'"
     PYTHONPATH="$CLEAN_PYTHONPATH" "$PYTHON_BIN" -m pip uninstall -y apex >/dev/null 2>&1 ||
@@ -749,8 +755,26 @@ build_main() {
     write_marker "$MARKER" commit="$APEX_REF" commit_verified="$([[ "$MAIN_SRC_KIND" == plain ]] && echo false || echo true)" \
         source="${APEX_SRC:-$APEX_URL}" torch_version="$TORCH_VERSION" torch_cuda="$TORCH_CUDA" \
         nvcc_version="$NVCC_VERSION" cuda_home="$CUDA_HOME" arch_list="$ARCH_LIST" \
-        build_seconds="$seconds" date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" verified_extensions="$VERIFIED"
+        build_seconds="$seconds" date="$(date -u +%Y-%m-%dT%H:%M:%SZ)" verified_extensions="$VERIFIED" \
+        extensions="$(if ((COURSE_ONLY)); then echo course-only; else echo full; fi)"
     say "Apex $APEX_REF installed and verified ($VERIFIED); marker: $MARKER"
+}
+
+# keep_course_extensions SETUP_PY: in the staged copy, keep only COURSE_EXTENSIONS in the
+# ext_modules list Apex's setup.py hands to setup(); one sentence if that list is not found.
+keep_course_extensions() {
+    "$PYTHON_BIN" - "$1" "$COURSE_EXTENSIONS" <<'PY' || die 4 "--course-only: $1 has no top-level 'setup(' call after an 'ext_modules' list, so this Apex commit cannot be trimmed; build without --course-only."
+import re, sys
+path, keep = sys.argv[1], sys.argv[2].split(",")
+text = open(path).read()
+calls = [m.start() for m in re.finditer(r"^setup\(", text, re.M)]
+if "ext_modules" not in text or len(calls) != 1:
+    sys.exit(1)
+trim = ("# added by the course's build_apex.sh --course-only: only the extensions it uses\n"
+        f"ext_modules = [e for e in ext_modules if e.name in {keep!r}]\n"
+        "print('[apex] --course-only:', [e.name for e in ext_modules])\n\n")
+open(path, "w").write(text[:calls[0]] + trim + text[calls[0]:])
+PY
 }
 
 # write_marker FILE key=value...: JSON marker (lists are comma separated, numbers/bools typed).

@@ -671,21 +671,25 @@ def test_install_hints_read_the_pins_of_requirements_txt(box: Sandbox) -> None:
 def test_estimate_constants_are_at_the_top_with_their_source() -> None:
     head = SCRIPT.read_text().split("usage() {", 1)[0]
     assert "2026-12-01" in head and "16 CPUs" in head and "H200" in head
+    assert "1417 s user + 103 s" in head and "541 s user + 45 s sys" in head
     for const, value in (("EST_CPUS", "16"), ("EST_COURSE_EXT_CPU_S", "586"),
-                         ("EST_COURSE_EXT_WALL_S", "126"), ("EST_FULL_WALL_S_MIN", "201"),
-                         ("EST_FULL_WALL_S_MAX", "267")):  # fmt: skip
+                         ("EST_COURSE_EXT_WALL_S", "126"), ("EST_FULL_CPU_S", "1520"),
+                         ("EST_FULL_WALL_S", "246")):  # fmt: skip
         assert re.search(rf"^readonly {const}={value}\b", head, re.M), const
 
 
 @pytest.mark.parametrize(
     ("cpus", "mem", "arch", "expected"),
     [
-        # (541 + 45) CPU-s / 2 jobs = 293 s; 201-267 s x 16/2
-        ("2", "8.0", None, ("about 5 min on 2 CPUs for 1 architecture(s)", "27-36 min", "x 16/2")),
-        # 586 / 16 < 126 s measured wall, x 2 architectures; the full build is not scaled down
-        ("16", "100.0", "8.0;9.0", ("about 4 min on 16 CPUs for 2 architecture(s)", "7-9 min")),
+        # (541 + 45) CPU-s / 2 jobs = 293 s; (1417 + 103) / 2 = 760 s
+        ("2", "8.0", None, ("about 5 min on 2 CPUs for 1 architecture(s) with --course-only",
+                            "about 13 min for the full build", "/ 2 jobs")),
+        # 586 / 16 < 126 s measured wall, x 2 architectures; 1520 / 16 < 246 s, x 2
+        ("16", "100.0", "8.0;9.0", ("about 4 min on 16 CPUs for 2 architecture(s)",
+                                    "about 8 min for the full build")),
         # memory allows 2 jobs on 8 CPUs: the jobs, not the CPUs, divide
-        ("8", "9.0", None, ("about 5 min on 8 CPUs for 1 architecture(s)", "27-36 min")),
+        ("8", "9.0", None, ("about 5 min on 8 CPUs for 1 architecture(s)",
+                            "about 13 min for the full build")),
     ],
 )
 def test_estimate_in_the_plan(box: Sandbox, cpus: str, mem: str, arch: str | None, expected):
@@ -696,7 +700,7 @@ def test_estimate_in_the_plan(box: Sandbox, cpus: str, mem: str, arch: str | Non
     assert result.returncode == 0, result.stderr
     estimate = plan(result)["estimate"]
     for needle in (*expected, "an estimate from builds on 16-CPU H200 machines",
-                   "rough upper-bound guess"):
+                   "this run: the full build"):
         assert needle in estimate, (needle, estimate)
 
 
@@ -716,11 +720,59 @@ def test_readme_estimate_for_two_cpus_is_the_scripts(box: Sandbox) -> None:
     section = readme.split("### Building Apex", 1)[1].split("\n### ", 1)[0]
     box.probe.update(cpu_count="2", mem_free_gib="8.0")
     estimate = plan(box.run("--dry-run"))["estimate"]
-    minutes = re.findall(r"about (\d+(?:-\d+)?) min", estimate)
-    assert minutes == ["5", "27-36"], estimate
+    minutes = re.findall(r"about (\d+) min", estimate)
+    assert minutes == ["5", "13"], estimate
     for value in minutes:
-        assert f"{value} min" in section, value
-    assert "estimate" in section and "upper bound" in section
+        assert f"about {value} min" in section, value
+    assert "estimate" in section and "--course-only" in section
+
+
+def test_course_only_is_in_the_plan(box: Sandbox) -> None:
+    result = box.run("--dry-run", "--course-only")
+    assert result.returncode == 0, result.stderr
+    entries = plan(result)
+    assert entries["build"].endswith(
+        "(--course-only: amp_C, apex_C, fused_layer_norm_cuda alone)"), entries["build"]
+    assert "this run: --course-only" in entries["estimate"]
+    assert "--course-only" not in plan(box.run("--dry-run"))["build"]
+
+
+def _trim_program() -> str:
+    """The Python that --course-only runs on the staged setup.py (the script's heredoc)."""
+    body = SCRIPT.read_text().split("keep_course_extensions() {", 1)[1]
+    return body.split("<<'PY'", 1)[1].split("\nPY\n", 1)[0].split("\n", 1)[1]
+
+
+def test_course_only_keeps_the_three_extensions_of_a_setup_py(tmp_path) -> None:
+    setup = tmp_path / "setup.py"
+    setup.write_text(
+        "class E:\n    def __init__(self, name):\n        self.name = name\n\n"
+        "ext_modules = [E(n) for n in ('apex_C', 'amp_C', 'syncbn', 'fused_layer_norm_cuda',"
+        " 'mlp_cuda')]\n\n\ndef setup(**kw):\n    print(sorted(e.name for e in kw['ext_modules']))"
+        "\n\n\nsetup(\n    name='apex',\n    ext_modules=ext_modules,\n)\n")
+    keep = "amp_C,apex_C,fused_layer_norm_cuda"
+    trim = subprocess.run([sys.executable, "-", str(setup), keep], input=_trim_program(),
+                          text=True, capture_output=True)
+    assert trim.returncode == 0, trim.stderr
+    ran = subprocess.run([sys.executable, str(setup)], text=True, capture_output=True)
+    assert ran.stdout.splitlines()[-1] == "['amp_C', 'apex_C', 'fused_layer_norm_cuda']"
+    setup.write_text("print('no extension list here')\n")  # an Apex this cannot trim
+    trim = subprocess.run([sys.executable, "-", str(setup), keep], input=_trim_program(),
+                          text=True, capture_output=True)
+    assert trim.returncode == 1 and "no extension" in setup.read_text()
+
+
+@pytest.mark.parametrize(("args", "code", "said"), [
+    ((), 4, "has only the course's extensions (--course-only); building the full set"),
+    (("--course-only",), 0, "is already built for torch 2.11.0+cu130 and verified"),
+])
+def test_a_course_only_install_is_rebuilt_for_the_full_set(box: Sandbox, args, code, said):
+    box.workdir.mkdir()
+    marker = {"commit": PINNED, "torch_version": "2.11.0+cu130", "extensions": "course-only"}
+    (box.workdir / "installed.json").write_text(json.dumps(marker, indent=2) + "\n")
+    result = box.run(*args)
+    assert result.returncode == code, (result.stdout, result.stderr)
+    assert said in result.stdout
 
 
 # ------------------------------------------------------------------------------ APEX_SRC

@@ -51,6 +51,7 @@ def loss_scale():
 
 
 for label, opt_level, eps in child.legacy_runs():  # O0-O3, then O3 once per o3_eps
+    model = optimizer = rec = run = None        # free the last run before measuring this one
     with child.level(label, opt_level, eps) as info:  # warnings, failure, reset_amp after
         with bench.peak_memory(device) as peak:
             model, optimizer = build(opt_level, eps)
@@ -66,6 +67,7 @@ for label, opt_level, eps in child.legacy_runs():  # O0-O3, then O3 once per o3_
         info["run"] = rec.finish(run, peak, optimizer, api="apex.amp (legacy)", recipe=label)
 
 for opt_level in child.overflow_runs():         # 3. one forced inf gradient per level
+    model = optimizer = None
     with child.overflow(opt_level) as row:
         model, optimizer = build(opt_level, cfg.adam_eps)
         row.update(legacy_amp.overflow_probe(lambda x, y: step(model, optimizer, x, y),
