@@ -6,9 +6,10 @@ write ``summary.json``; render the README's headline table from it.
     python -m coursetools.report --out reports/h200-fp16 --param amp_dtype=fp16
     python -m coursetools.report --readme-table reports/h200/summary.json
 
-Naming notebooks re-runs only those into an existing report: their executed copies and their
-``NN_*`` results replace the old ones, and ``summary.json`` records each notebook's own course
-commit, time and GPU memory (``notebooks``), so a report never mixes runs without saying so.
+Naming notebooks re-runs only those into an existing report: they run beside a copy of the
+report's results (so notebook 07 reads 05's table), their executed copies and their ``NN_*``
+results replace the old ones, and ``summary.json`` records each notebook's own course commit,
+time and GPU memory (``notebooks``), so a report never mixes runs without saying so.
 """
 
 from __future__ import annotations
@@ -222,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
+        if (out / "results").is_dir():  # the other notebooks' tables, for the ones re-run to read
+            shutil.copytree(out / "results", staging / "results")
         try:
             runs = runner.run_all(notebooks, staging, profile=args.profile, params=params)
         finally:
