@@ -108,7 +108,7 @@ def test_requirements_pin_every_dependency_exactly():
             assert sep and version, f"requirements.txt: '{line}' is not an exact pin"
             pins[name.lower()] = version
     declared = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
-    declared |= {_name(r) for extra in ("dev", "lab")
+    declared |= {_name(r) for extra in ("dev", "lab", "tools")
                  for r in PYPROJECT["project"]["optional-dependencies"][extra]}
     assert declared == set(pins), f"drift: {sorted(declared ^ set(pins))}"
     assert pins["torch"] == "2.13.0", "CI's CPU machine takes torch 2.13.0 (a CPU build)"
