@@ -14,7 +14,9 @@ them. Import them by name, e.g. ``from helpers import bench, profile``:
 - ``verdicts``: "faster / slower / indistinguishable" with the tie rule;
 - ``kernels``: kernel counts and the per-category time breakdown of a step;
 - one module per chapter for what is specific to it and not taught: ``apexcheck`` (01),
-  ``optimizers`` (02), ``norms`` (03), ``legacy_amp`` (04), ``gpt`` (05: the model and corpus).
+  ``optimizers`` (02), ``norms`` (03), ``legacy_amp`` (04), ``gpt`` (05: the model and corpus),
+  ``fp8`` (06: FP8 scaling, torchao checks) and ``scaling`` (07: the torchrun launcher and the
+  memory and communication model).
 """
 
 __version__ = "0.2.0"

@@ -181,8 +181,17 @@ def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
 def test_readme_layout_lists_every_helper_module_and_no_other():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Repository layout", 1)[1].split("```", 2)[1]
-    listed = set(re.findall(r"^  ([a-z_]+\.py)\b", block, re.M))
+    listed = set(re.findall(r"^  ([a-z0-9_]+\.py)\b", block, re.M))
     on_disk = {p.name for p in (ROOT / "helpers").glob("*.py") if p.name != "__init__.py"}
     on_disk |= {p.name for p in (ROOT / "coursetools").glob("*.py") if p.name != "__init__.py"}
     assert listed == on_disk
-    assert len(list((ROOT / "helpers").rglob("*.py"))) - 1 <= 14, "helpers/ holds at most 14"
+    # helpers/ is a measuring core of at most 9 modules plus at most one module per chapter,
+    # each named in the layout by its notebook ("notebook 05: ...")
+    helpers = block.split("\nhelpers/", 1)[1].split("\ncoursetools/", 1)[0]
+    chapter = set(re.findall(r"^  ([a-z0-9_]+\.py) +notebook \d\d:", helpers, re.M))
+    core = set(re.findall(r"^  ([a-z0-9_]+\.py)\b", helpers, re.M)) - chapter
+    notebooks = list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert len(core) <= 9, f"the measuring core grew to {len(core)} modules: {sorted(core)}"
+    assert len(chapter) <= len(notebooks), "more chapter modules than chapters"
+    numbers = re.findall(r"^  [a-z0-9_]+\.py +notebook (\d\d):", helpers, re.M)
+    assert len(numbers) == len(set(numbers)), "one module per chapter"

@@ -11,7 +11,8 @@ from coursetools import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-SMOKE_BUDGET_S = 120.0  # all five notebooks together, on CI's 2-core CPU machine
+SMOKE_BUDGET_S = 120.0  # notebooks 01-05 together, on CI's 2-core CPU machine
+BEYOND_BUDGET_S = 75.0  # notebooks 06 (FP8) and 07 (scale-out, two gloo ranks) together
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +23,8 @@ def smoke_run(tmp_path_factory):
     return out, {r.name: r for r in runs}
 
 
-def test_there_are_five_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+def test_there_are_the_five_chapters_and_the_two_beyond():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07"]
 
 
 @pytest.mark.notebook
@@ -42,8 +43,11 @@ def test_notebook_runs_and_saves_its_tables(smoke_run, path):
 @pytest.mark.notebook
 def test_smoke_profile_is_fast(smoke_run):
     _, runs = smoke_run
-    total = sum(r.seconds for r in runs.values())
-    assert total < SMOKE_BUDGET_S, f"smoke notebooks took {total:.0f} s (budget {SMOKE_BUDGET_S})"
+    five = sum(r.seconds for name, r in runs.items() if name[:2] <= "05")
+    assert five < SMOKE_BUDGET_S, f"smoke notebooks 01-05 took {five:.0f} s ({SMOKE_BUDGET_S})"
+    beyond = sum(r.seconds for name, r in runs.items() if name[:2] > "05")
+    assert beyond < BEYOND_BUDGET_S, f"smoke notebooks 06-07 took {beyond:.0f} s " \
+        f"({BEYOND_BUDGET_S})"
 
 
 @pytest.mark.notebook

@@ -1,0 +1,746 @@
+"""Notebook 07's helpers: what the chapter uses but does not teach.
+
+- the launcher: :func:`launch` runs the notebook's training script under ``torchrun`` (``python
+  -m torch.distributed.run``) with a wall-clock limit, checks up front what would fail anyway
+  (:func:`launch_problem`: no NCCL in a CPU-only torch, fewer GPUs than ranks) and turns every
+  failure into one sentence (:func:`failure_sentence`: a port in use, a rank that died and its
+  exit code, a launch that ran past its limit);
+- the script's side: its plan (:func:`read_plan`), the gathered parameters, their checksums, the
+  bytes each rank holds, a timed all-reduce and the rank-0 JSON;
+- the memory and communication model of DDP, ZeRO-1, ZeRO-2 and FSDP2 (ZeRO-3), its tables and
+  its chart, and the equivalence check of a distributed run against one process;
+- Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
+  with ``ast``, never imported) and in this torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from helpers import bench, gpt, machine
+from helpers.results import atomic_write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------ the launcher
+LAUNCHER = [sys.executable, "-m", "torch.distributed.run"]  # what the torchrun command runs
+
+
+def launch_problem(backend: str, nproc: int) -> str:
+    """'' when ``nproc`` ranks of ``backend`` can start here, else the one sentence why not."""
+    if not dist.is_available():
+        return "this torch has no torch.distributed: install a torch build that includes it"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            return ("the nccl backend needs NCCL and this torch has none "
+                    "(torch.distributed.is_nccl_available() is False: a CPU-only build): use "
+                    "backend 'gloo' on the CPU, or install a CUDA build of torch")
+        count = torch.cuda.device_count()
+        if count < nproc:
+            return (f"{nproc} ranks of nccl need {nproc} GPUs (one per rank) and torch sees "
+                    f"{count}: ask for at most {count}, or run on a machine with more GPUs")
+    elif backend == "gloo":
+        if not dist.is_gloo_available():
+            return "this torch has no gloo backend: install a torch build that includes it"
+    else:
+        return f"backend {backend!r} is not one of nccl, gloo"
+    return ""
+
+
+def command(script: Path | str, nproc: int, args: list[str], *, port: int | None = None
+            ) -> list[str]:
+    """The torchrun command line: ``--standalone`` (a free port picked by torchrun) unless a
+    ``port`` is given, then a static rendezvous at 127.0.0.1:port."""
+    where = (["--standalone"] if port is None else
+             ["--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}"])
+    return [*LAUNCHER, *where, f"--nproc_per_node={nproc}", str(Path(script).resolve()), *args]
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment, the checkout first on PYTHONPATH, one OpenMP thread per
+    rank unless OMP_NUM_THREADS is set (torchrun warns when it is not)."""
+    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@dataclass
+class Launch:
+    """One torchrun launch: the command, how it ended, what it printed, rank 0's JSON."""
+
+    nproc: int
+    cmd: list[str]
+    out: Path | None = None
+    returncode: int | None = None
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+    payload: dict = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank finished and rank 0 wrote its results."""
+        return not self.error
+
+    def runs(self) -> list[bench.Run]:
+        """The payload's training runs (one per variant)."""
+        return [bench.Run.from_dict(r) for r in self.payload.get("runs", [])]
+
+    def params(self, variant: str) -> dict[str, torch.Tensor]:
+        """The parameters a variant ended with, as the script saved them (``save_params``)."""
+        return torch.load(params_path(self.out, variant), weights_only=True)
+
+    def summary(self) -> str:
+        """One line: how many ranks, how long, how it ended, what went to stderr."""
+        said = len([ln for ln in self.stderr.splitlines() if ln.strip()])
+        kept = f"; {said} stderr lines kept in .stderr" if said else ""
+        end = "finished" if self.ok else f"FAILED: {self.error}"
+        return f"torchrun, {self.nproc} rank(s): {end} ({self.seconds:.1f} s{kept})"
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (field 22 of /proc/PID/stat), None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The processes whose parent is ``pid`` (Linux /proc), with their start times."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found[int(stat.parent.name)] = fields[19]
+    return found
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """End the launcher and every rank it started, by id: SIGTERM to torchrun's process group
+    (it stops its ranks), then SIGKILL; then any rank left, each in a process group of its own."""
+    ranks = _children(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    for pid, started in ranks.items():
+        if _process_start(pid) == started:  # still the rank it was, not a new process
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def launch(script: Path | str, nproc: int, plan: dict, out: Path | str, *,
+           timeout: float = 300, port: int | None = None) -> Launch:
+    """Run ``script`` on ``nproc`` ranks with ``--plan JSON --out PATH``; wait at most
+    ``timeout`` seconds (then stop every process it started); read rank 0's JSON."""
+    return launch_all([(script, nproc, plan, out, port)], timeout=timeout)[0]
+
+
+def launch_all(jobs: list[tuple], *, timeout: float = 300) -> list[Launch]:
+    """:func:`launch` for several ``(script, nproc, plan, out)`` at once, each with an optional
+    fifth item, its port: every torchrun starts before the first is waited for (on CPUs, one
+    launch's idle time is another's work)."""
+    started = []
+    for script, nproc, plan, out, *port in jobs:
+        port = port[0] if port else None
+        out = Path(out)
+        cmd = command(script, nproc, ["--plan", json.dumps(plan), "--out", str(out)], port=port)
+        result = Launch(nproc, cmd, out)
+        result.error = launch_problem(plan.get("backend", "gloo"), nproc)
+        if result.error:
+            started.append((result, None, None))
+            continue
+        out.unlink(missing_ok=True)
+        logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=logs[0], stderr=logs[1],
+                                text=True, start_new_session=True)
+        started.append((result, proc, logs))
+    begin = time.perf_counter()
+    for result, proc, logs in started:
+        if proc is not None:
+            _finish(result, proc, logs, begin + timeout, timeout)
+    return [result for result, _, _ in started]
+
+
+def _finish(result: Launch, proc: subprocess.Popen, logs: tuple, deadline: float,
+            timeout: float) -> None:
+    """Wait for one launch until ``deadline``, stop it past that, read what it left."""
+    try:
+        proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
+    except subprocess.TimeoutExpired:
+        _stop_group(proc)
+        result.error = (f"the launch ran past {timeout:.0f} s and was stopped with all its "
+                        "ranks (a rank may be waiting in a collective for one that never came): "
+                        "raise the timeout, or read .stderr")
+    result.seconds = time.perf_counter() - (deadline - timeout)
+    for log in logs:
+        log.seek(0)
+    result.stdout, result.stderr = logs[0].read(), logs[1].read()
+    for log in logs:
+        log.close()
+    result.returncode = proc.returncode
+    if not result.error and proc.returncode != 0:
+        result.error = failure_sentence(result.stderr, proc.returncode)
+    elif not result.error and not result.out.exists():
+        result.error = f"every rank exited with 0 but rank 0 wrote no result to {result.out}"
+    if not result.error:
+        result.payload = json.loads(result.out.read_text())
+
+
+_ERROR_LINE = re.compile(r"^(?:\[rank(\d+)\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)$")
+
+
+def failure_sentence(stderr: str, returncode: int | None) -> str:
+    """One sentence for a failed launch, read from what torchrun wrote to stderr."""
+    if "EADDRINUSE" in stderr or "address already in use" in stderr.lower():
+        port = re.search(r"port:\s*(\d+)", stderr)
+        where = f"port {port.group(1)}" if port else "the rendezvous port"
+        return (f"{where} is already in use, so torchrun could not open its rendezvous store "
+                f"there (it exited with {returncode}): free the port, pass another one, or "
+                "launch with --standalone, which picks a free port itself")
+    if "NCCL built in" in stderr:
+        return ("this torch has no NCCL (a CPU-only build), so the nccl backend cannot start: "
+                "use backend 'gloo' on the CPU, or install a CUDA build of torch")
+    cause = stderr.split("Root Cause", 1)[1] if "Root Cause" in stderr else ""
+    rank = re.search(r"rank\s*:\s*(\d+)", cause)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    errors = [m for m in map(_ERROR_LINE.match, stderr.splitlines())
+              if m and "ChildFailedError" not in m.group(2)]  # not torchrun's own summary
+    if rank and code:
+        mine = [m.group(2) for m in errors if m.group(1) == rank.group(1)]
+        killed = int(code.group(1)) < 0
+        how = (f"was killed by signal {-int(code.group(1))}" if killed
+               else f"exited with code {code.group(1)}")
+        said = f"; its last error: {mine[-1][:300]}" if mine else ""
+        return (f"rank {rank.group(1)} {how}, the first failure torchrun saw; it stopped the "
+                f"other ranks and exited with {returncode}{said}")
+    if errors:
+        return f"torchrun exited with {returncode}: {errors[-1].group(2)[:300]}"
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return f"torchrun exited with {returncode}" + (f": {lines[-1][:300]}" if lines else "")
+
+
+# ------------------------------------------------------------------ the script's side
+def read_plan(argv: list[str] | None = None) -> tuple[dict, Path]:
+    """``--plan JSON --out PATH``, what :func:`launch` passes to the script."""
+    parser = argparse.ArgumentParser(description="notebook 07's distributed training script")
+    parser.add_argument("--plan", required=True, help="JSON: model, batch, steps, variants, ...")
+    parser.add_argument("--out", type=Path, required=True, help="rank 0's JSON result")
+    args = parser.parse_args(argv)
+    return json.loads(args.plan), args.out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: the local shard of a DTensor, else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole (detached, on its device), named as in the unwrapped model (DDP's
+    ``module.`` prefix dropped). FSDP2's shards are gathered: every rank must call this."""
+    params = {}
+    for name, p in model.named_parameters():
+        whole = p.full_tensor() if hasattr(p, "full_tensor") else p
+        params[name.removeprefix("module.")] = whole.detach()
+    return params
+
+
+def checksums(params: dict[str, torch.Tensor]) -> dict[str, float]:
+    """One float64 sum per parameter: equal runs agree to rounding."""
+    return {name: float(t.double().sum()) for name, t in params.items()}
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and Adam's two moments this rank holds (local shards)."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    moments = [_local(s[k]) for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")
+               if k in s]
+    return {"params": sum(_local(p).numel() * _local(p).element_size() for p in params),
+            "grads": sum(_local(p.grad).numel() * _local(p.grad).element_size()
+                         for p in params if p.grad is not None),
+            "optimizer": sum(t.numel() * t.element_size() for t in moments)}
+
+
+def max_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """The largest value of each key over all ranks (NaN stays NaN), one all-reduce."""
+    keys = list(values)
+    raw = [float(values[k]) for k in keys]
+    t = torch.tensor([v if math.isfinite(v) else -1.0 for v in raw], dtype=torch.float64,
+                     device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {k: (float(v) if math.isfinite(r) else math.nan)
+            for k, v, r in zip(keys, t.tolist(), raw, strict=True)}
+
+
+def time_allreduce(mib: float, device: torch.device, *, warmup: int = 3,
+                   repeats: int = 10) -> dict:
+    """Time an all-reduce of ``mib`` MiB of fp32 (CUDA events on a GPU, perf_counter on the
+    CPU; a barrier before each repeat) and give the bus bandwidth NCCL's tests report:
+    bytes x 2(N-1)/N / time, what each rank sends per second in a ring."""
+    world = dist.get_world_size()
+    x = torch.ones(int(mib * 2**20) // 4, device=device)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        if device.type == "cuda":
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            start.record()
+            dist.all_reduce(x)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            samples.append(ms)
+    timing = bench.Timing("all_reduce", samples, device.type)
+    nbytes = x.numel() * 4
+    return {"bytes": nbytes, "world_size": world, "median_ms": timing.median_ms,
+            "iqr_ms": timing.iqr_ms, "algbw_gbps": nbytes / timing.median_ms / 1e6,
+            "busbw_gbps": nbytes * 2 * (world - 1) / world / timing.median_ms / 1e6}
+
+
+def meta(device: torch.device) -> dict:
+    """What the results were measured on: world size, backend, versions, device."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {"world_size": dist.get_world_size(), "backend": dist.get_backend(),
+            "torch": torch.__version__, "python": sys.version.split()[0], "device": name,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda"
+            else None}
+
+
+def params_path(out: Path | str, variant: str) -> Path:
+    """Where the script saves a variant's final parameters, beside its JSON result."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.{variant}.pt")
+
+
+def write_result(out: Path, payload: dict) -> None:
+    """Rank 0's JSON, written atomically for the notebook to read."""
+    atomic_write_text(out, json.dumps(payload, indent=1) + "\n")
+
+
+# ------------------------------------------------------------------ correctness
+# How far an FP32 run on N ranks may be from one process: rounding fp32 sums in another order
+# moves a loss of ~5 nats, a gradient norm or a weight by a few 1e-7 of itself; a wrong batch
+# slice or a missing gradient average moves them by 1e-2 or more (tests/test_scaling.py).
+TOLERANCE = {"max_loss_diff": 1e-5, "max_grad_norm_rel_diff": 1e-4, "max_param_diff": 1e-5}
+
+
+def compare(reference: bench.Run, run: bench.Run, ref_params: dict | None = None,
+            params: dict | None = None) -> dict:
+    """How far ``run`` is from ``reference``: largest loss difference, largest relative
+    difference of the gradient norms, largest parameter difference (when both are given)."""
+    losses = torch.tensor(run.losses, dtype=torch.float64)
+    ref_losses = torch.tensor(reference.losses, dtype=torch.float64)
+    norms = torch.tensor(run.extra["grad_norms"], dtype=torch.float64)
+    ref_norms = torch.tensor(reference.extra["grad_norms"], dtype=torch.float64)
+    row = {"variant": run.extra["variant"], "world_size": run.extra["world_size"],
+           "accum": run.extra.get("accum", 1), "steps": len(run.losses),
+           "max_loss_diff": float((losses - ref_losses).abs().max()),
+           "max_grad_norm_rel_diff": float(((norms - ref_norms).abs() / ref_norms).max()),
+           "max_param_diff": math.nan}
+    if ref_params is not None and params is not None:
+        row["max_param_diff"] = max(float((params[k] - ref_params[k]).abs().max())
+                                    for k in ref_params)
+    return row
+
+
+def within(row: dict, tolerance: dict[str, float] | None = None) -> bool:
+    """True when every measured difference of ``row`` is at most its tolerance (NaN, not
+    measured, passes)."""
+    return all(not row[k] > limit for k, limit in (tolerance or TOLERANCE).items())
+
+
+# ------------------------------------------------------------------ memory and communication
+# Larger GPTs of the same architecture, on paper: GPT-2 XL's shape (48 x 1600, GPT-2's
+# vocabulary of 50,257 tokens, padded to 50,304) and a 7B-class shape (32 x 4096, 32,000 tokens).
+GPT2_XL = gpt.GPTConfig(n_layer=48, d_model=1600, n_head=25, seq_len=1024, vocab=50257)
+GPT_7B = gpt.GPTConfig(n_layer=32, d_model=4096, n_head=32, seq_len=2048, vocab=32000)
+
+BYTES = {"param": 4, "grad": 4, "adam": 8}  # autocast: fp32 weights and grads, two fp32 moments
+
+# name: (parameters, gradients, Adam state) sharded?, DDP's gradient buckets?, and the
+# collectives of one step as (kind, bytes per parameter); what implements it.
+STRATEGIES: dict[str, dict] = {
+    "DDP": dict(shard=(False, False, False), buckets=True,
+                comm=[("all-reduce", 4)], how="DistributedDataParallel"),
+    "ZeRO-1": dict(shard=(False, False, True), buckets=True,
+                   comm=[("all-reduce", 4), ("all-gather", 4)],
+                   how="DDP + ZeroRedundancyOptimizer (all-reduce, then each rank broadcasts "
+                       "its updated shard)"),
+    "ZeRO-2": dict(shard=(False, True, True), buckets=False,
+                   comm=[("reduce-scatter", 4), ("all-gather", 4)],
+                   how="Apex DistributedFusedAdam; fully_shard(reshard_after_forward=False)"),
+    "FSDP2 (ZeRO-3)": dict(shard=(True, True, True), buckets=False,
+                           comm=[("all-gather", 4), ("all-gather", 4), ("reduce-scatter", 4)],
+                           how="fully_shard: gather for forward, again for backward, "
+                               "reduce-scatter the grads"),
+    "FSDP2, bf16 gathers": dict(shard=(True, True, True), buckets=False,
+                                comm=[("all-gather", 2), ("all-gather", 2),
+                                      ("reduce-scatter", 4)],
+                                how="fully_shard(mp_policy=MixedPrecisionPolicy("
+                                    "param_dtype=bfloat16, reduce_dtype=float32))"),
+}
+
+
+def strategies_table() -> pd.DataFrame:
+    """What each strategy splits over the GPUs, its collectives per step, what implements it."""
+    def part(sharded: bool) -> str:
+        return "1/N" if sharded else "whole"
+
+    return pd.DataFrame([{
+        "strategy": name, "params": part(s["shard"][0]), "grads": part(s["shard"][1]),
+        "adam_state": part(s["shard"][2]), "ddp_buckets": s["buckets"],
+        "collectives": " + ".join(f"{kind} ({per} B/param)" for kind, per in s["comm"]),
+        "implemented_by": s["how"]} for name, s in STRATEGIES.items()])
+
+
+def collective_bytes(kind: str, nbytes: float, world: int) -> float:
+    """Bytes each rank sends in a ring collective over ``nbytes``: all-reduce 2(N-1)/N x bytes,
+    reduce-scatter and all-gather (N-1)/N x bytes (the whole tensor's size)."""
+    share = (world - 1) / world
+    return {"all-reduce": 2 * share, "reduce-scatter": share, "all-gather": share}[kind] * nbytes
+
+
+def memory_per_gpu(n_params: int, world: int, strategy: str) -> dict[str, float]:
+    """Bytes per GPU of parameters, gradients, Adam state and DDP's buckets (activations and
+    transient gathers left out: they do not depend on the strategy's bookkeeping)."""
+    spec = STRATEGIES[strategy]
+    parts = {}
+    for (name, per), sharded in zip(BYTES.items(), spec["shard"], strict=True):
+        parts[name] = n_params * per / (world if sharded else 1)
+    parts["buckets"] = n_params * BYTES["grad"] if spec["buckets"] else 0.0
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def comm_per_gpu(n_params: int, world: int, strategy: str) -> float:
+    """Bytes each GPU sends in one optimizer step (no gradient accumulation)."""
+    return sum(collective_bytes(kind, n_params * per, world)
+               for kind, per in STRATEGIES[strategy]["comm"])
+
+
+def step_ms(compute_ms: float, comm_bytes: float, link_gbps: float, overlap: bool) -> float:
+    """A step's predicted time: compute plus communication at ``link_gbps`` (bandwidth only, no
+    latency), or the larger of the two when communication hides completely behind compute."""
+    comm_ms = comm_bytes / (link_gbps * 1e9) * 1e3
+    return max(compute_ms, comm_ms) if overlap else compute_ms + comm_ms
+
+
+def memory_table(models: dict[str, gpt.GPTConfig], gpus=(1, 2, 4, 8)) -> pd.DataFrame:
+    """Bytes per GPU (GiB) for every model, strategy and GPU count."""
+    rows = []
+    for label, cfg in models.items():
+        n = gpt.non_embedding_params(cfg) + gpt.embedding_params(cfg)
+        for strategy in STRATEGIES:
+            for world in gpus:
+                gib = {f"{k}_gib": v / 2**30 for k, v in memory_per_gpu(n, world,
+                                                                         strategy).items()}
+                rows.append({"model": label, "params": n, "strategy": strategy,
+                             "gpus": world, **gib})
+    return pd.DataFrame(rows)
+
+
+def comm_table(models: dict[str, gpt.GPTConfig], compute_ms: dict[str, float],
+               link_gbps: float, gpus=(1, 2, 4, 8)) -> pd.DataFrame:
+    """Bytes sent per GPU and step, the communication time at ``link_gbps``, and the step time
+    and scaling efficiency (compute / step) this predicts with and without overlap."""
+    rows = []
+    for label, cfg in models.items():
+        n = gpt.non_embedding_params(cfg) + gpt.embedding_params(cfg)
+        for strategy in STRATEGIES:
+            for world in gpus:
+                sent = comm_per_gpu(n, world, strategy)
+                c = compute_ms[label]
+                serial, hidden = (step_ms(c, sent, link_gbps, o) for o in (False, True))
+                rows.append({"model": label, "strategy": strategy, "gpus": world,
+                             "sent_gib": sent / 2**30,
+                             "comm_ms": sent / (link_gbps * 1e9) * 1e3, "compute_ms": c,
+                             "step_ms_no_overlap": serial, "step_ms_overlap": hidden,
+                             "efficiency_no_overlap": c / serial,
+                             "efficiency_overlap": c / hidden, "link_gbps": link_gbps})
+    return pd.DataFrame(rows)
+
+
+def efficiency_chart(table: pd.DataFrame, models: list[str],
+                     strategies=("DDP", "FSDP2 (ZeRO-3)"), title: str = ""):
+    """Predicted scaling efficiency against GPU count, one panel per model: solid lines with
+    full overlap, dashed without."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
+    for ax, label in zip(axes[0], models, strict=True):
+        for i, strategy in enumerate(strategies):
+            part = table[(table["model"] == label) & (table["strategy"] == strategy)]
+            color = f"C{i}"
+            ax.plot(part["gpus"], 100 * part["efficiency_overlap"], "o-", color=color,
+                    label=f"{strategy}, overlapped")
+            ax.plot(part["gpus"], 100 * part["efficiency_no_overlap"], "s--", color=color,
+                    label=f"{strategy}, not overlapped")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(table["gpus"].unique()), labels=sorted(table["gpus"].unique()))
+        ax.set_ylim(0, 105)
+        ax.set(xlabel="GPUs (same batch per GPU)", ylabel="predicted scaling efficiency (%)",
+               title=label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# Datasheet NVLink bandwidth per GPU, both directions together, and where the figure is from.
+NVLINK_GBPS = {"H200": (900.0, "NVIDIA H200 Tensor Core GPU datasheet (NVLink: 900 GB/s)"),
+               "H100": (900.0, "NVIDIA H100 Tensor Core GPU datasheet (SXM, NVLink: 900 GB/s)"),
+               "A100": (600.0, "NVIDIA A100 Tensor Core GPU datasheet (SXM, NVLink: 600 GB/s)")}
+
+
+def datasheet_link(device_name: str | None) -> tuple[float, str]:
+    """GB/s one GPU can send (half the datasheet's two-way NVLink figure) and the source; the
+    H200's where the GPU is not in the table."""
+    key = next((k for k in NVLINK_GBPS if device_name and k in device_name), None)
+    both, source = NVLINK_GBPS[key or "H200"]
+    where = "" if key else f" - not this machine's ({device_name or 'no GPU'}): the H200's"
+    return both / 2, f"datasheet value: {source}, half of it per direction{where}"
+
+
+def compute_from_05(results: Path, device_name: str | None, tokens_per_step: int
+                    ) -> tuple[float, str] | None:
+    """Notebook 05's path-3 step time (ms) and its source, when its table in ``results`` was
+    measured on this device at ``tokens_per_step``; else None."""
+    csv, meta_path = results / "05_paths.csv", results / "05_paths.json"
+    if not csv.exists() or not meta_path.exists():
+        return None
+    table = pd.read_csv(csv, dtype={"path": str})
+    row = table[(table["path"] == "3") & (table["status"] == "ran")]
+    env = json.loads(meta_path.read_text()).get("environment", {})
+    if row.empty or (env.get("gpu_name") or None) != (device_name or None):
+        return None
+    ms, rate = float(row["step_ms"].iloc[0]), float(row["tokens_per_s"].iloc[0])
+    if not math.isclose(rate * ms / 1e3, tokens_per_step, rel_tol=1e-6):
+        return None
+    return ms, f"notebook 05's path 3, measured on {device_name or 'the CPU'} ({csv})"
+
+
+# ------------------------------------------------------------------ tables of runs
+def runs_table(runs: list[bench.Run]) -> pd.DataFrame:
+    """One row per run: step time (median, IQR), tokens/s overall and per GPU, peak memory."""
+    rows = []
+    for r in runs:
+        t, world = r.timing, r.extra["world_size"]
+        rows.append({"variant": r.extra["variant"], "world_size": world,
+                     "step_ms": t.median_ms, "step_ms_iqr": t.iqr_ms, "q1_ms": t.q1_ms,
+                     "q3_ms": t.q3_ms, "median_ms": t.median_ms, "tokens_per_s": r.tokens_per_s,
+                     "tokens_per_s_per_gpu": r.tokens_per_s / world,
+                     "peak_mem_gib": r.peak_mem_gib, "final_loss": r.final_loss,
+                     "steps": len(r.losses)})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ Apex, mapped
+# Each row: the legacy Apex symbol, the file (under the package root) that defines it, the
+# names it must define there (a class's or function's keyword arguments after ':'), what it
+# did, and the PyTorch counterpart(s) as importable dotted names.
+APEX_MAP: list[dict] = [
+    {"apex": "apex.parallel.DistributedDataParallel", "file": "apex/parallel/distributed.py",
+     "defines": "DistributedDataParallel:message_size,delay_allreduce,"
+                "gradient_predivide_factor,allreduce_always_fp32",
+     "what_it_did": "wraps the model; broadcasts rank 0's weights, all-reduces the gradients "
+                    "in buckets of message_size elements during backward, averages them",
+     "pytorch": "torch.nn.parallel.DistributedDataParallel",
+     "migration": "DDP(model, device_ids=[local_rank]); bucket_cap_mb sets the bucket size; "
+                  "no_sync() for gradient accumulation; a communication hook replaces "
+                  "gradient_predivide_factor; under autocast the grads are fp32 already"},
+    {"apex": "apex.parallel.Reducer", "file": "apex/parallel/distributed.py",
+     "defines": "Reducer", "what_it_did": "all-reduces the gradients when reduce() is called, "
+     "no hooks, no overlap", "pytorch": "torch.distributed.all_reduce",
+     "migration": "dist.all_reduce(p.grad) for each parameter (divide by the world size), or "
+                  "DDP, which overlaps it with backward"},
+    {"apex": "apex.parallel.SyncBatchNorm", "file": "apex/parallel/sync_batchnorm.py",
+     "defines": "SyncBatchNorm", "what_it_did": "BatchNorm whose batch statistics are "
+     "reduced over all ranks (a CUDA kernel in optimized_sync_batchnorm.py when built)",
+     "pytorch": "torch.nn.SyncBatchNorm",
+     "migration": "torch.nn.SyncBatchNorm(num_features, process_group=...)"},
+    {"apex": "apex.parallel.convert_syncbn_model", "file": "apex/parallel/__init__.py",
+     "defines": "convert_syncbn_model:process_group,channel_last",
+     "what_it_did": "replaces every BatchNorm of a model by apex.parallel.SyncBatchNorm",
+     "pytorch": "torch.nn.SyncBatchNorm.convert_sync_batchnorm",
+     "migration": "model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"},
+    {"apex": "apex.parallel.create_syncbn_process_group", "file": "apex/parallel/__init__.py",
+     "defines": "create_syncbn_process_group:group_size",
+     "what_it_did": "groups of group_size ranks that share BatchNorm statistics",
+     "pytorch": "torch.distributed.new_group",
+     "migration": "group = dist.new_group(ranks=[...]); pass process_group=group"},
+    {"apex": "python -m apex.parallel.multiproc", "file": "apex/parallel/multiproc.py",
+     "defines": "", "what_it_did": "starts one process per visible GPU with --rank and "
+     "--world-size arguments", "pytorch": "torch.distributed.run",
+     "migration": "torchrun --standalone --nproc_per_node=N train.py; read RANK, LOCAL_RANK "
+                  "and WORLD_SIZE from the environment"},
+    {"apex": "apex.contrib.optimizers.distributed_fused_adam.DistributedFusedAdam",
+     "file": "apex/contrib/optimizers/distributed_fused_adam.py",
+     "defines": "DistributedFusedAdam:overlap_grad_sync,bucket_cap_mb,store_params,"
+                "grad_sync_dtype,param_sync_dtype",
+     "what_it_did": "ZeRO-2: Adam state and gradients sharded over the ranks, gradients "
+                    "reduce-scattered in buckets during backward, a fused update of each "
+                    "rank's shard, parameters all-gathered after it",
+     "pytorch": "torch.distributed.fsdp.fully_shard, "
+                "torch.distributed.optim.ZeroRedundancyOptimizer, torch.optim.AdamW",
+     "migration": "fully_shard each block and the model, then AdamW(fused=True) on its "
+                  "sharded parameters; or DDP + ZeroRedundancyOptimizer(params, "
+                  "optimizer_class=torch.optim.AdamW, fused=True)"},
+]
+
+
+def legacy_apex_source() -> tuple[Path | None, str]:
+    """The folder holding the legacy ``apex`` package (the legacy install, else
+    ``$APEX_LEGACY_SRC``), and what it is; (None, why not) when neither has apex/parallel."""
+    candidates = [(machine.legacy_amp_dir(), "the legacy install")]
+    if os.environ.get("APEX_LEGACY_SRC"):
+        candidates.append((Path(os.environ["APEX_LEGACY_SRC"]), "APEX_LEGACY_SRC"))
+    for root, what in candidates:
+        if (root / "apex" / "parallel" / "distributed.py").is_file():
+            return root, f"{what} ({root})"
+    return None, (f"no legacy Apex source here: neither the legacy install "
+                  f"({machine.legacy_amp_dir()}, ./build_apex.sh --legacy-amp) nor "
+                  "APEX_LEGACY_SRC (a legacy source tree, e.g. .apex_src/legacy/apex) holds "
+                  "apex/parallel/distributed.py")
+
+
+def _parse(path: Path) -> ast.Module:
+    """The syntax tree of a source file; its own warnings (old escape sequences) kept quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _defined(tree: ast.Module, name: str) -> ast.ClassDef | ast.FunctionDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)
+                 and n.name == name), None)
+
+
+def _arguments(node: ast.ClassDef | ast.FunctionDef) -> set[str]:
+    func = node if isinstance(node, ast.FunctionDef) else _defined(
+        ast.Module(body=node.body, type_ignores=[]), "__init__")
+    if func is None:
+        return set()
+    a = func.args
+    return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+
+
+def check_apex_symbol(root: Path, entry: dict) -> tuple[bool, str]:
+    """Parse the entry's file under ``root`` (no import) and check what it must define."""
+    path = root / entry["file"]
+    if not path.is_file():
+        return False, f"{entry['file']} is missing"
+    if not entry["defines"]:
+        return True, f"{entry['file']} exists"
+    tree = _parse(path)
+    name, _, args = entry["defines"].partition(":")
+    node = _defined(tree, name)
+    if node is None:
+        return False, f"{name} is not defined in {entry['file']}"
+    wanted = [a for a in args.split(",") if a]
+    missing = sorted(set(wanted) - _arguments(node))
+    if missing:
+        return False, f"{name} in {entry['file']} lacks {', '.join(missing)}"
+    kind = "class" if isinstance(node, ast.ClassDef) else "function"
+    return True, f"{kind} {name} in {entry['file']}" + (
+        f" with {', '.join(wanted)}" if wanted else "")
+
+
+def deprecation_notes(root: Path) -> list[str]:
+    """The deprecation messages written in the legacy apex/parallel sources."""
+    notes = []
+    for path in sorted((root / "apex" / "parallel").glob("*.py")):
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and "deprecated" in node.value and "removed" in node.value:
+                notes.append(node.value.strip())
+    return list(dict.fromkeys(notes))
+
+
+def resolve(dotted: str) -> object | None:
+    """The object a dotted name points to in this Python (module, then attributes), or None."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def modern_apex_has_parallel() -> bool | None:
+    """Whether the Apex installed here has apex/parallel (None: no Apex installed); looked up
+    on disk, without importing Apex."""
+    spec = importlib.util.find_spec("apex")
+    if spec is None or not spec.submodule_search_locations or machine.wrong_apex():
+        return None
+    return any((Path(p) / "parallel").is_dir() for p in spec.submodule_search_locations)
+
+
+def apex_table(root: Path | None) -> pd.DataFrame:
+    """The migration map, each Apex row checked in the legacy source at ``root`` (None:
+    unchecked) and each PyTorch counterpart resolved in this torch."""
+    rows = []
+    for entry in APEX_MAP:
+        ok, evidence = (check_apex_symbol(root, entry) if root is not None
+                        else (None, "unchecked: no legacy source"))
+        found = [resolve(name.strip()) is not None for name in entry["pytorch"].split(",")]
+        rows.append({"apex": entry["apex"], "what_it_did": entry["what_it_did"],
+                     "pytorch": entry["pytorch"], "migration": entry["migration"],
+                     "apex_checked": ok, "apex_evidence": evidence,
+                     "pytorch_found": all(found)})
+    return pd.DataFrame(rows)
+
+
+def has_argument(obj: object, name: str) -> bool:
+    """True when callable ``obj`` takes an argument called ``name`` (inspect.signature)."""
+    try:
+        return name in inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return False

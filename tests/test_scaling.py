@@ -1,0 +1,368 @@
+"""Notebook 07 on the CPU: the training script of its script cell, run by torchrun on 2 gloo
+ranks, matches one process and catches injected faults; the launcher's one-sentence failures;
+the memory and communication formulas against hand-computed values; the Apex map."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from helpers import bench, gpt, scaling
+
+# torch.distributed.optim (ZeroRedundancyOptimizer, resolved by the Apex map) uses torch.jit
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "07_scaling_out.ipynb"
+WRITEFILE = "%%writefile {script}\n"
+LEGACY_SRC = ROOT / ".apex_src" / "legacy" / "apex"
+
+# The two faults, written into the script: the DDP run takes rank 0's slice on every rank, the
+# FSDP2 run multiplies the loss it differentiates by the world size (a sum over the ranks where
+# their average belongs).
+SLICE = "x, y = (t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))"
+WRONG_SLICE = ("x, y = (t[:per_rank] if variant == 'ddp' else "
+               "t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))")
+BACKWARD = "scaler.scale(loss).backward()"
+SUMMED = "scaler.scale(loss * (world if variant == 'fsdp2' else 1)).backward()"
+
+
+def notebook_script() -> str:
+    """The training script exactly as notebook 07's script cell writes it."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"
+             and c.source.startswith(WRITEFILE)]
+    assert len(cells) == 1, "notebook 07 has one %%writefile {script} cell"
+    return cells[0][len(WRITEFILE):] + "\n"
+
+
+def check_plan(corpus: Path, **changes) -> dict:
+    """The notebook's CPU check: tiny model, fp32, gloo, 8 sequences per step."""
+    plan = dict(cfg=dataclasses.asdict(gpt.TINY), backend="gloo", global_batch=8, accum=1,
+                steps=4, warmup=1, lr=6e-4, lr_warmup=2, seed=0, amp=None,
+                variants=["plain"], corpus=str(corpus), timeout_s=60, allreduce_mib=0,
+                save_params=True)
+    plan.update(changes)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One process, 2 ranks as written, 2 ranks with the faults: launched at once."""
+    tmp = tmp_path_factory.mktemp("scaling")
+    script = notebook_script()
+    assert SLICE in script and BACKWARD in script, "the script cell changed: update the faults"
+    (tmp / "train.py").write_text(script)
+    (tmp / "faulty.py").write_text(script.replace(SLICE, WRONG_SLICE).replace(BACKWARD, SUMMED))
+    corpus = tmp / "corpus.pt"
+    torch.save(gpt.load_corpus(cap_mb=0.5).train, corpus)
+    two = dict(variants=["ddp", "fsdp2"], accum=2)
+    start = time.perf_counter()
+    single, split, faulty = scaling.launch_all([
+        (tmp / "train.py", 1, check_plan(corpus), tmp / "single.json"),
+        (tmp / "train.py", 2, check_plan(corpus, allreduce_mib=1, **two), tmp / "split.json"),
+        (tmp / "faulty.py", 2, check_plan(corpus, **two), tmp / "faulty.json")], timeout=240)
+    for launch in (single, split, faulty):
+        assert launch.ok, f"{launch.error}\n{launch.stderr[-3000:]}"
+    return single, split, faulty, time.perf_counter() - start
+
+
+def _rows(reference: scaling.Launch, launch: scaling.Launch) -> dict[str, dict]:
+    """Each run of ``launch`` compared with the one-process plain run of ``reference``."""
+    plain, params = reference.runs()[0], reference.params("plain")
+    return {r.extra["variant"]: scaling.compare(plain, r, params,
+                                                launch.params(r.extra["variant"]))
+            for r in launch.runs()}
+
+
+def test_two_gloo_ranks_match_one_process(launched):
+    single, split, _, seconds = launched
+    rows = _rows(single, split)
+    assert set(rows) == {"ddp", "fsdp2"}
+    for variant, row in rows.items():
+        assert row["world_size"] == 2 and row["accum"] == 2 and row["steps"] == 4
+        assert scaling.within(row), (variant, row)
+    losses = single.runs()[0].losses
+    assert losses[-1] < losses[0]  # it trained: the comparison is not of four untouched models
+    assert seconds < 120, f"the three launches took {seconds:.0f} s"
+
+
+def test_the_same_comparison_catches_a_wrong_slice_and_a_missing_average(launched):
+    single, _, faulty, _ = launched
+    rows = _rows(single, faulty)
+    wrong_slice, summed = rows["ddp"], rows["fsdp2"]
+    assert not scaling.within(wrong_slice)
+    assert wrong_slice["max_loss_diff"] > 100 * scaling.TOLERANCE["max_loss_diff"]
+    assert not scaling.within(summed)
+    # summed gradients are twice the averaged ones: the norms say so, the losses do not ...
+    assert summed["max_grad_norm_rel_diff"] == pytest.approx(1.0, abs=1e-3)
+    assert summed["max_loss_diff"] <= scaling.TOLERANCE["max_loss_diff"]
+
+
+def test_what_each_rank_holds_matches_the_memory_model(launched):
+    _, split, _, _ = launched
+    n = gpt.count_params(gpt.GPT(gpt.TINY))
+    for run in split.runs():
+        strategy = {"ddp": "DDP", "fsdp2": "FSDP2 (ZeRO-3)"}[run.extra["variant"]]
+        model = scaling.memory_per_gpu(n, 2, strategy)
+        held = run.extra["state_bytes"]
+        assert (held["params"], held["grads"], held["optimizer"]) == (
+            model["param"], model["grad"], model["adam"]), (strategy, held, model)
+
+
+def test_the_results_hold_what_the_notebook_reads(launched):
+    single, split, _, _ = launched
+    for launch in (single, split):
+        assert launch.stderr.strip() == "" or "Traceback" not in launch.stderr
+        for run in launch.runs():
+            assert len(run.losses) == len(run.step_ms) == len(run.extra["grad_norms"]) == 4
+            assert run.extra["tokens_per_step"] == 8 * gpt.TINY.seq_len
+            assert run.timing.median_ms > 0 and run.tokens_per_s > 0
+    bw = split.payload["allreduce"]
+    assert bw["world_size"] == 2 and bw["busbw_gbps"] == pytest.approx(bw["algbw_gbps"])
+    table = scaling.runs_table(split.runs())
+    assert list(table["variant"]) == ["ddp", "fsdp2"]
+    assert (table["tokens_per_s_per_gpu"] * 2 == table["tokens_per_s"]).all()
+
+
+# ------------------------------------------------------------------ one-sentence failures
+DIES = """\
+import datetime, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+if os.environ["RANK"] == os.environ.get("COURSE_TEST_DIE_RANK"):
+    sys.exit(int(os.environ["COURSE_TEST_DIE_CODE"]))
+dist.barrier()  # the other ranks wait here (up to 300 s) for the one that died
+"""
+SLEEPS = "import os, time\nprint(os.getpgrp(), flush=True)\ntime.sleep(120)\n"
+
+
+def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path, monkeypatch):
+    (tmp_path / "dies.py").write_text(DIES)
+    monkeypatch.setenv("COURSE_TEST_DIE_RANK", "1")
+    monkeypatch.setenv("COURSE_TEST_DIE_CODE", "3")
+    launch = scaling.launch(tmp_path / "dies.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
+                            timeout=90)
+    assert not launch.ok and launch.returncode not in (0, None)
+    assert launch.error.startswith("rank 1 exited with code 3, the first failure"), launch.error
+    assert f"exited with {launch.returncode}" in launch.error
+    assert launch.seconds < 60, "the waiting rank was not stopped when its partner died"
+
+
+def test_a_port_in_use_is_one_sentence(tmp_path):
+    (tmp_path / "sleeps.py").write_text(SLEEPS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"},
+                                tmp_path / "o.json", timeout=60, port=port)
+    assert f"--master_port={port}" in launch.cmd and "--standalone" not in launch.cmd
+    assert launch.error.startswith(f"port {port} is already in use"), launch.error
+    assert launch.seconds < 30
+
+
+def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
+    (tmp_path / "sleeps.py").write_text(SLEEPS)
+    launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
+                            timeout=10)
+    assert launch.error.startswith("the launch ran past 10 s and was stopped"), launch.error
+    assert launch.seconds < 40
+    groups = {int(line) for line in launch.stdout.split() if line.strip()}
+    assert len(groups) == 2, launch.stdout  # each rank runs in a process group of its own
+    for group in groups:  # and every one of them is gone
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
+
+
+def test_nccl_on_a_torch_without_it_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(scaling.dist, "is_nccl_available", lambda: False)
+    start = time.perf_counter()
+    launch = scaling.launch(tmp_path / "never.py", 1, {"backend": "nccl"}, tmp_path / "o.json")
+    assert launch.returncode is None and time.perf_counter() - start < 1
+    assert "is_nccl_available() is False" in launch.error and "gloo" in launch.error
+
+
+def test_more_nccl_ranks_than_gpus_are_refused(monkeypatch):
+    monkeypatch.setattr(scaling.dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(scaling.torch.cuda, "device_count", lambda: 1)
+    assert scaling.launch_problem("nccl", 1) == ""
+    assert scaling.launch_problem("nccl", 2).startswith("2 ranks of nccl need 2 GPUs")
+    assert scaling.launch_problem("gloo", 8) == ""
+    assert "not one of" in scaling.launch_problem("mpi", 2)
+
+
+def test_failure_sentences_from_torchrun_reports():
+    report = ("[rank1]: Traceback (most recent call last):\n"
+              "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+              "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
+              "  exitcode  : 1 (pid: 42)\n")
+    said = scaling.failure_sentence(report, 1)
+    assert said.startswith("rank 1 exited with code 1") and "OutOfMemoryError" in said
+    killed = "Root Cause (first observed failure):\n  rank      : 0 (local_rank: 0)\n" \
+             "  exitcode  : -9 (pid: 7)\n"
+    assert scaling.failure_sentence(killed, 1).startswith("rank 0 was killed by signal 9")
+    assert "NCCL" in scaling.failure_sentence("RuntimeError: Distributed package doesn't have "
+                                              "NCCL built in", 1)
+    assert scaling.failure_sentence("", 2) == "torchrun exited with 2"
+
+
+def test_the_command_is_torchrun_with_this_python():
+    cmd = scaling.command("train.py", 4, ["--plan", "{}"])
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--nproc_per_node=4" in cmd
+    assert cmd[-3:] == [str(Path("train.py").resolve()), "--plan", "{}"]
+
+
+def test_the_script_cell_holds_what_the_chapter_teaches():
+    script = notebook_script()
+    for piece in ("init_process_group(", "timeout=datetime.timedelta(", "DDP(model",
+                  "fully_shard(block, mesh=mesh)", "fully_shard(model, mesh=mesh)",
+                  "init_device_mesh(device.type", "model.no_sync()",
+                  "set_requires_gradient_sync(", "AdamW(param_groups(model), fused=True",
+                  "torch.autocast(", "clip_grad_norm_(", "gpt.BatchPlan.draw(",
+                  "dist.all_reduce(losses)", "if rank == 0:"):
+        assert piece in script, piece
+
+
+# ------------------------------------------------------------------ the formulas
+def test_collective_bytes_by_hand():
+    assert scaling.collective_bytes("all-reduce", 100, 4) == 150  # 2 x 3/4 x 100
+    assert scaling.collective_bytes("reduce-scatter", 100, 4) == 75
+    assert scaling.collective_bytes("all-gather", 100, 4) == 75
+    assert scaling.collective_bytes("all-reduce", 100, 1) == 0  # one rank sends nothing
+
+
+def test_memory_per_gpu_by_hand():
+    # 1000 parameters on 4 GPUs: 4 B weights, 4 B grads, 8 B Adam, DDP's 4 B buckets
+    expect = {"DDP": (4000, 4000, 8000, 4000), "ZeRO-1": (4000, 4000, 2000, 4000),
+              "ZeRO-2": (4000, 1000, 2000, 0), "FSDP2 (ZeRO-3)": (1000, 1000, 2000, 0),
+              "FSDP2, bf16 gathers": (1000, 1000, 2000, 0)}
+    for strategy, parts in expect.items():
+        got = scaling.memory_per_gpu(1000, 4, strategy)
+        assert (got["param"], got["grad"], got["adam"], got["buckets"]) == parts, strategy
+        assert got["total"] == sum(parts)
+    assert scaling.memory_per_gpu(1000, 1, "FSDP2 (ZeRO-3)")["total"] == 16000
+
+
+def test_comm_per_gpu_by_hand():
+    # 1000 parameters on 4 GPUs, fp32 (4000 B): an all-reduce sends 6000 B, a gather 3000 B
+    expect = {"DDP": 6000, "ZeRO-1": 9000, "ZeRO-2": 6000, "FSDP2 (ZeRO-3)": 9000,
+              "FSDP2, bf16 gathers": 6000}  # 3/4 x (2000 + 2000 + 4000)
+    for strategy, sent in expect.items():
+        assert scaling.comm_per_gpu(1000, 4, strategy) == pytest.approx(sent), strategy
+
+
+def test_step_time_with_and_without_overlap_by_hand():
+    # 1e9 bytes at 100 GB/s take 10 ms
+    assert scaling.step_ms(10.0, 1e9, 100.0, overlap=False) == pytest.approx(20.0)
+    assert scaling.step_ms(10.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
+    assert scaling.step_ms(4.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
+    table = scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, gpus=(1, 2))
+    one = table[table["gpus"] == 1]
+    assert (one["efficiency_no_overlap"] == 1.0).all() and (one["sent_gib"] == 0).all()
+    ddp2 = table[(table["gpus"] == 2) & (table["strategy"] == "DDP")].iloc[0]
+    sent = 2 * 0.5 * 4 * gpt.count_params(gpt.GPT(gpt.TINY))
+    assert ddp2["sent_gib"] == pytest.approx(sent / 2**30)
+    assert ddp2["efficiency_no_overlap"] == pytest.approx(10.0 / (10.0 + sent / 100e9 * 1e3))
+
+
+def test_the_models_on_paper_have_the_parameters_of_their_shapes():
+    # by hand: L (12 d^2 + 13 d) + 2 d + (V + T) d
+    assert gpt.non_embedding_params(scaling.GPT2_XL) + gpt.embedding_params(scaling.GPT2_XL) \
+        == 48 * (12 * 1600**2 + 13 * 1600) + 2 * 1600 + (50304 + 1024) * 1600 == 1_557_686_400
+    assert gpt.non_embedding_params(scaling.GPT_7B) + gpt.embedding_params(scaling.GPT_7B) \
+        == 6_583_623_680
+    with torch.device("meta"):
+        assert gpt.count_params(gpt.GPT(scaling.GPT2_XL)) == 1_557_686_400
+    table = scaling.memory_table({"xl": scaling.GPT2_XL}, gpus=(8,))
+    ddp = table[table["strategy"] == "DDP"].iloc[0]
+    assert ddp["total_gib"] == pytest.approx(20 * 1_557_686_400 / 2**30)
+
+
+def test_datasheet_link_is_labelled_and_halved():
+    gbps, source = scaling.datasheet_link("NVIDIA H200")
+    assert gbps == 450.0 and source.startswith("datasheet value: NVIDIA H200")
+    gbps, source = scaling.datasheet_link(None)
+    assert gbps == 450.0 and "not this machine's" in source
+
+
+def test_compute_time_from_notebook_05_only_when_it_matches(tmp_path):
+    from helpers import results
+
+    table = pd.DataFrame([{"path": "3", "status": "ran", "step_ms": 50.0,
+                           "tokens_per_s": 32768 / 0.05},
+                          {"path": "1b", "status": "not run on this machine"}])
+    results.save_table(table, "05_paths", env={"gpu_name": "NVIDIA H200"}, directory=tmp_path)
+    ms, source = scaling.compute_from_05(tmp_path, "NVIDIA H200", 32768)
+    assert ms == 50.0 and "notebook 05" in source
+    assert scaling.compute_from_05(tmp_path, "NVIDIA H200", 16384) is None  # another batch
+    assert scaling.compute_from_05(tmp_path, None, 32768) is None  # another device
+    assert scaling.compute_from_05(tmp_path / "nowhere", "NVIDIA H200", 32768) is None
+
+
+def test_compare_and_within():
+    def run(losses, norms):
+        return bench.Run("r", "cpu", losses=losses,
+                         extra={"variant": "v", "world_size": 2, "grad_norms": norms})
+
+    ref = run([5.0, 4.0], [1.0, 2.0])
+    row = scaling.compare(ref, run([5.0, 4.00001], [1.0, 2.2]))
+    assert row["max_loss_diff"] == pytest.approx(1e-5, rel=1e-3)
+    assert row["max_grad_norm_rel_diff"] == pytest.approx(0.1)
+    assert math.isnan(row["max_param_diff"]) and not scaling.within(row)
+    assert scaling.within(scaling.compare(ref, ref))
+
+
+# ------------------------------------------------------------------ Apex, mapped
+def test_every_pytorch_counterpart_exists_in_this_torch():
+    table = scaling.apex_table(None)
+    assert table["pytorch_found"].all(), table[~table["pytorch_found"]]
+    assert table["apex_checked"].isna().all()
+    assert scaling.resolve("torch.nn.SyncBatchNorm.convert_sync_batchnorm") is not None
+    assert scaling.resolve("torch.nn.NoSuchThing") is None
+
+
+@pytest.mark.skipif(not (LEGACY_SRC / "apex" / "parallel").is_dir(),
+                    reason="needs the legacy Apex source in .apex_src/legacy/apex")
+def test_the_apex_column_holds_in_the_legacy_source(monkeypatch, tmp_path):
+    monkeypatch.setenv("APEX_LEGACY_AMP_DIR", str(tmp_path / "no-legacy-install"))
+    monkeypatch.setenv("APEX_LEGACY_SRC", str(LEGACY_SRC))
+    root, where = scaling.legacy_apex_source()
+    assert root == LEGACY_SRC and "APEX_LEGACY_SRC" in where
+    table = scaling.apex_table(root)
+    assert table["apex_checked"].all(), table[~table["apex_checked"].astype(bool)]
+    notes = scaling.deprecation_notes(root)
+    assert any("apex.parallel.DistributedDataParallel is deprecated" in n for n in notes)
+
+
+def test_a_symbol_missing_from_the_source_is_reported(monkeypatch, tmp_path):
+    package = tmp_path / "src" / "apex" / "parallel"
+    package.mkdir(parents=True)
+    (package / "distributed.py").write_text(
+        "class DistributedDataParallel:\n    def __init__(self, module, message_size=1):\n"
+        "        pass\n")
+    monkeypatch.setenv("APEX_LEGACY_AMP_DIR", str(tmp_path / "no-legacy-install"))
+    monkeypatch.setenv("APEX_LEGACY_SRC", str(tmp_path / "src"))
+    root, _ = scaling.legacy_apex_source()
+    table = scaling.apex_table(root).set_index("apex")
+    ddp = table.loc["apex.parallel.DistributedDataParallel"]
+    assert ddp["apex_checked"] is False or ddp["apex_checked"] == False  # noqa: E712
+    assert "lacks" in ddp["apex_evidence"] and "delay_allreduce" in ddp["apex_evidence"]
+    assert "is missing" in table.loc["apex.parallel.SyncBatchNorm", "apex_evidence"]
+
+
+def test_without_a_legacy_source_the_reason_is_one_sentence(monkeypatch, tmp_path):
+    monkeypatch.setenv("APEX_LEGACY_AMP_DIR", str(tmp_path / "none"))
+    monkeypatch.delenv("APEX_LEGACY_SRC", raising=False)
+    root, why = scaling.legacy_apex_source()
+    assert root is None and why.startswith("no legacy Apex source here") and "\n" not in why
