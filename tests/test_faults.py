@@ -84,7 +84,7 @@ def test_a_run_replaces_the_previous_one_whole(tmp_path, capsys):
                    "results.save_table(pd.DataFrame({'b': [2]}), 'new_table')",
                    "raise ValueError('this run fails')")
     assert runner.main([str(nb), "--out", str(out), "--profile", "smoke"]) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["new.ipynb", "results"]
+    assert sorted(p.name for p in out.iterdir()) == ["new.ipynb", "results", "runs.json"]
     assert sorted(p.name for p in (out / "results").iterdir()) == ["new_table.csv",
                                                                    "new_table.json"]
     assert _intact(out.with_name("run.previous"))  # the earlier run, kept whole beside it

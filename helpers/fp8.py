@@ -1,0 +1,509 @@
+"""Notebook 06's readings: what FP8 training needs and measures, but does not teach.
+
+- torchao: :func:`torchao_problem` ('' or one sentence with the install command), with the
+  import-time log lines that say nothing about this course quieted (:func:`quiet_torchao`);
+- what this machine can run: FP8 tensor cores are compute capability 8.9 (Ada) and newer
+  (:func:`fp8_missing`), and :func:`needs`, the one-line skip;
+- the formats (:func:`formats_table`), the scale amax / finfo.max (:func:`scale`) and the
+  rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
+- the width sweep: one Linear's forward + backward timed (:func:`time_case`), its table with
+  TFLOP/s and the ratio to bf16 (:func:`sweep_table`) and the crossover width (:func:`crossover`);
+- the end-to-end table, the verdict and the summary, all computed from the run's tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+import math
+import re
+import warnings
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+from torch import nn
+
+from helpers import bench, gpt, kernels, machine, verdicts
+
+TORCHAO_PIN = "0.18.0"
+INSTALL = f"pip install torchao=={TORCHAO_PIN}"
+FP8_CAPABILITY = (8, 9)  # Ada (8.9) and Hopper (9.0) run FP8 matrix products on tensor cores
+VAL_LOSS_TOLERANCE = 0.02  # notebook 05's: validation losses within 2%
+EPS = 1e-12  # torchao's floor on amax, so an all-zero tensor still gets a finite scale
+
+
+# ------------------------------------------------------------------ torchao and this machine
+class _Drop(logging.Filter):
+    """Drops the log records whose message matches ``pattern``; lets every other one through."""
+
+    def __init__(self, pattern: str):
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+# (logger, message): torchao's own C++/CUDA libraries that fail to load where they were not built
+# for this machine (the float8 training recipes do not call them: they run on torch._scaled_mm),
+# and torch's notice that torchao registers an Enum as a pytree constant.
+NOISE = (("torchao", r"^Failed to load .*\.so"),
+         ("torch.utils._pytree", r"KernelPreference'> is an Enum subclass"))
+
+
+def quiet_torchao() -> None:
+    """Silence exactly the import-time lines of :data:`NOISE` (logging records, dropped by a
+    filter on the logger that emits them) and torchao's call of the deprecated
+    ``torch.get_autocast_gpu_dtype`` (a DeprecationWarning); any other message still shows."""
+    for name, pattern in NOISE:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) and f.pattern.pattern == pattern for f in logger.filters):
+            logger.addFilter(_Drop(pattern))
+    warnings.filterwarnings("ignore", message=r"torch\.get_autocast_gpu_dtype\(\) is deprecated",
+                            category=DeprecationWarning)
+
+
+def torchao_version() -> str | None:
+    """The installed torchao's version, or None."""
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torchao_problem() -> str:
+    """'' when torchao's float8 training API imports; else one sentence with the fix."""
+    quiet_torchao()
+    fix = f"{INSTALL}, then restart the kernel"
+    try:
+        version = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return f"torchao is not installed, so the float8 cells are skipped: {fix}."
+    try:
+        module = importlib.import_module("torchao.float8")
+        config = module.Float8LinearConfig
+        module.convert_to_float8_training  # noqa: B018 - the attribute must exist
+    except Exception as exc:
+        return (f"torchao {version} does not work with torch {torch.__version__} "
+                f"({machine.one_line(exc, 120)}), so the float8 cells are skipped: {fix}.")
+    fields = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) \
+        else set()
+    lacks = [what for what, ok in (
+        ("Float8LinearConfig.from_recipe_name", hasattr(config, "from_recipe_name")),
+        ("Float8LinearConfig(emulate=...)", "emulate" in fields)) if not ok]
+    if lacks:
+        return (f"torchao {version} lacks {' and '.join(lacks)}, which this notebook uses, so "
+                f"the float8 cells are skipped: {fix}.")
+    return ""
+
+
+def fp8_missing() -> str:
+    """What FP8 matrix products need and this machine lacks, as one clause ('' if nothing)."""
+    want = "FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper)"
+    if not machine.cuda_available():
+        return f"a CUDA GPU with {want}"
+    major, minor = machine.capability()
+    if (major, minor) < FP8_CAPABILITY:
+        return f"a GPU with {want}; this one is {major}.{minor}"
+    return ""
+
+
+def missing(*, fp8: bool = False, torchao: bool = False) -> str:
+    """What a cell needs and this machine lacks, with the fix, as one clause ('' if nothing)."""
+    lacks = []
+    if torchao and torchao_problem():
+        lacks.append(f"torchao {TORCHAO_PIN} ({INSTALL})")
+    if fp8 and (hardware := fp8_missing()):
+        lacks.append(hardware)
+    return "; and ".join(lacks)
+
+
+def needs(**requirements) -> bool:
+    """True when every requirement holds; otherwise print one line saying what the cell needs
+    and return False (``machine.needs`` for FP8): ``if fp8.needs(fp8=True, torchao=True):``."""
+    lacks = missing(**requirements)
+    if lacks:
+        print(f"Skipped: this cell needs {lacks}.")
+        return False
+    return True
+
+
+# ------------------------------------------------------------------ formats and rounding
+def format_row(dtype: torch.dtype) -> dict:
+    """One floating-point format from ``torch.finfo``: bits, range, precision, infinity."""
+    fi = torch.finfo(dtype)
+    mantissa = round(-math.log2(fi.eps))  # eps = 2^-mantissa bits
+    subnormal = fi.smallest_normal * fi.eps  # the last mantissa bit of the smallest exponent
+    inf = torch.tensor(float("inf")).to(dtype).float()
+    return {"dtype": str(dtype).removeprefix("torch."), "bits": fi.bits,
+            "exponent_bits": fi.bits - 1 - mantissa, "mantissa_bits": mantissa, "max": fi.max,
+            "smallest_normal": fi.smallest_normal, "smallest_subnormal": subnormal,
+            "unit_roundoff": fi.eps / 2, "decades": math.log10(fi.max / subnormal),
+            "has_inf": bool(torch.isinf(inf))}
+
+
+def formats_table(dtypes: list[torch.dtype]) -> pd.DataFrame:
+    """:func:`format_row` for each dtype."""
+    return pd.DataFrame([format_row(d) for d in dtypes])
+
+
+def scale(x: torch.Tensor, dtype: torch.dtype, *, rowwise: bool = False,
+          pow2: bool = False) -> torch.Tensor:
+    """The scale amax / finfo(dtype).max in float64, for the whole tensor or (``rowwise``) for
+    each row, the amax taken over the last dimension: ``x / scale`` puts the largest |value|
+    on the format's largest finite number. ``pow2`` rounds it up to a power of two, as
+    torchao's rowwise recipe does (torchao keeps the reciprocal, rounded down)."""
+    a = x.detach().abs().double()
+    amax = a.amax(dim=-1, keepdim=True) if rowwise else a.amax()
+    s = amax.clamp(min=EPS) / torch.finfo(dtype).max
+    return torch.exp2(torch.ceil(torch.log2(s))) if pow2 else s
+
+
+def roundtrip(x: torch.Tensor, dtype: torch.dtype, s: torch.Tensor | None = None) -> torch.Tensor:
+    """``x / s`` cast to ``dtype`` (saturating at its largest finite value, as torchao's casts
+    do) and back, times ``s``, in float64; ``s`` None casts ``x`` as it is."""
+    limit = torch.finfo(dtype).max
+    scaled = x.detach().double() / (1.0 if s is None else s)
+    return scaled.clamp(-limit, limit).to(dtype).double() * (1.0 if s is None else s)
+
+
+SCALINGS = ("none", "tensorwise", "rowwise")
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, scaling: str) -> torch.Tensor:
+    """``x`` through ``dtype`` with no scale, one per tensor, or one per row - rowwise with
+    power-of-two scales, as in torchao's recipes of the same names."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"scaling {scaling!r} is not one of {SCALINGS}")
+    if scaling == "none":
+        return roundtrip(x, dtype)
+    rowwise = scaling == "rowwise"
+    return roundtrip(x, dtype, scale(x, dtype, rowwise=rowwise, pow2=rowwise))
+
+
+def row_errors(x: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
+    """Each row's relative error ||approx - x|| / ||x|| against ``x`` in float64 (NaN for a
+    zero row)."""
+    ref = x.detach().double().reshape(-1, x.shape[-1])
+    err = (approx.double().reshape(ref.shape) - ref).norm(dim=1)
+    norm = ref.norm(dim=1)
+    return torch.where(norm > 0, err / norm.clamp(min=1e-300), torch.nan)
+
+
+def rounding_errors(x: torch.Tensor, approx: torch.Tensor) -> dict:
+    """Errors of ``approx`` against ``x`` in float64: the whole tensor's relative error, the
+    median and the worst row's, and the percentage of non-zero values flushed to zero."""
+    ref = x.detach().double()
+    approx = approx.double().reshape(ref.shape)
+    rows = row_errors(ref, approx)
+    rows = rows[~rows.isnan()]
+    nonzero = ref != 0
+    return {"rel_err": float((approx - ref).norm() / ref.norm()),
+            "median_row_rel_err": float(rows.median()), "worst_row_rel_err": float(rows.max()),
+            "flushed_pct": float(100.0 * ((approx == 0) & nonzero).sum() / nonzero.sum())}
+
+
+def rounding_table(tensors: dict[str, torch.Tensor],
+                   cases: list[tuple[torch.dtype, str]]) -> pd.DataFrame:
+    """One row per tensor and (dtype, scaling) case: :func:`rounding_errors` of :func:`cast`."""
+    rows = []
+    for name, x in tensors.items():
+        for dtype, scaling in cases:
+            rows.append({"tensor": name, "dtype": str(dtype).removeprefix("torch."),
+                         "scaling": scaling, **rounding_errors(x, cast(x, dtype, scaling))})
+    return pd.DataFrame(rows)
+
+
+def outlier_sweep(x: torch.Tensor, factors: list[float], cases: list[tuple[torch.dtype, str]],
+                  *, row: int) -> pd.DataFrame:
+    """:func:`rounding_table` of ``x`` with its row ``row`` multiplied by each factor (one
+    outlier token of growing size), a ``factor`` and a ``cast`` column added."""
+    tables = []
+    for factor in factors:
+        grown = x.detach().clone()
+        grown[row] *= factor
+        table = rounding_table({"x": grown}, cases).drop(columns="tensor")
+        tables.append(table.assign(factor=factor, cast=table["dtype"] + " " + table["scaling"]))
+    return pd.concat(tables, ignore_index=True)
+
+
+def breaking_factor(grown: pd.DataFrame, cast: str, limit: float) -> float | None:
+    """The smallest factor of :func:`outlier_sweep` at which ``cast``'s median row error is
+    above ``limit`` (None when it stays at or below it)."""
+    rows = grown[(grown["cast"] == cast) & (grown["median_row_rel_err"] > limit)]
+    return float(rows["factor"].min()) if len(rows) else None
+
+
+def breaking_line(grown: pd.DataFrame, cast: str) -> str:
+    """One sentence: from which outlier size ``cast`` rounds the typical token (the median
+    row) worse than its format's unit roundoff, the worst case of one rounding of a normal
+    number."""
+    limit = torch.finfo(getattr(torch, cast.split()[0])).eps / 2
+    factor = breaking_factor(grown, cast, limit)
+    top = float(grown["factor"].max())
+    if factor is None:
+        return (f"{cast}: the typical token's error stays within the format's unit roundoff "
+                f"({limit:.3g}) up to an outlier token x{top:,.0f}")
+    return (f"{cast}: the typical token's error exceeds the format's unit roundoff "
+            f"({limit:.3g}) from an outlier token x{factor:,.0f} on")
+
+
+def capture(linear: nn.Module, run: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The input entering ``linear`` and the gradient arriving at its output while ``run()``
+    computes a loss and it is backpropagated, each as a (rows, features) float32 copy."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, t: torch.Tensor) -> None:
+        seen[name] = t.detach().reshape(-1, t.shape[-1]).float().clone()
+
+    def before(module, args):
+        keep("activation", args[0])
+
+    def after(module, args, out):
+        out.register_hook(lambda grad: keep("gradient", grad))
+
+    handles = [linear.register_forward_pre_hook(before), linear.register_forward_hook(after)]
+    try:
+        run().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def spread(x: torch.Tensor) -> dict:
+    """How the magnitudes of a (rows, features) tensor spread: its amax, the decades between
+    the 99.9th and the 0.1th percentile of the non-zero |values|, and the largest row amax
+    over the median row's (with the row it is in)."""
+    a = x.detach().abs().double()
+    values = a[a > 0].flatten()
+    values = values[:: 1 + values.numel() // 2**24]  # torch.quantile takes at most 2^24 values
+    low, high = torch.quantile(values, torch.tensor([0.001, 0.999], dtype=torch.float64,
+                                                    device=values.device)).tolist()
+    rows = a.reshape(-1, a.shape[-1]).amax(dim=1)
+    return {"amax": float(a.max()), "decades": math.log10(high / low),
+            "row_amax_ratio": float(rows.max() / rows.median()), "largest_row": int(rows.argmax())}
+
+
+def rel_error(a: torch.Tensor, reference: torch.Tensor) -> float:
+    """||a - reference|| / ||reference||, in float64."""
+    ref = reference.detach().double()
+    return float((a.detach().double() - ref).norm() / ref.norm())
+
+
+# ------------------------------------------------------------------ the width sweep
+def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: int, *,
+              device: torch.device, dtype: torch.dtype = torch.bfloat16, warmup: int = 3,
+              repeats: int = 20, count: bool = False, seed: int = 0) -> dict:
+    """Forward + backward of ``linear`` on a fixed random (tokens x in_features) input that
+    requires grad, so all three matrix products run (output, grad_input, grad_weight); the
+    gradients are cleared before each call, untimed. The first call (compilation, if any) is
+    timed apart on the host's clock (``first_s``); ``count`` adds the kernels of one call."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(tokens, in_features, device=device, dtype=dtype, generator=gen)
+    x.requires_grad_(True)
+    grad = torch.randn(tokens, out_features, device=device, dtype=dtype, generator=gen)
+    params = list(linear.parameters())
+
+    def reset() -> None:
+        x.grad = None
+        for p in params:
+            p.grad = None
+
+    def call() -> None:
+        linear(x).backward(grad)
+
+    first_s = bench.wall_s(lambda: (reset(), call()), device)
+    timing = bench.benchmark(call, setup=reset, warmup=warmup, repeats=repeats, device=device)
+    result = {"median_ms": timing.median_ms, "q1_ms": timing.q1_ms, "q3_ms": timing.q3_ms,
+              "iqr_ms": timing.iqr_ms, "first_s": first_s,
+              "compile_s": max(0.0, first_s - timing.median_ms / 1e3)}
+    if count:
+        counted = kernels.count_kernels(lambda: (reset(), call()), device)
+        result.update(kernels=counted["per_call"], counted=counted["what"])
+    return result
+
+
+SWEEP_COLUMNS = ["shape", "kind", "tokens", "in_features", "out_features", "recipe", "median_ms",
+                 "q1_ms", "q3_ms", "iqr_ms", "compile_s"]
+
+
+def sweep_table(rows: list[dict]) -> pd.DataFrame:
+    """The sweep's rows (shape, kind, tokens, in_features, out_features, recipe, median_ms,
+    q1_ms, q3_ms, iqr_ms, compile_s) with the FLOPs counted - 6 x tokens x in x out for one
+    forward + backward: three matrix products of 2 x M x K x N each - TFLOP/s, and the ratio to
+    bf16 at the same shape (bf16's median time over this one's: above 1 is faster)."""
+    df = pd.DataFrame(rows, columns=None if rows else SWEEP_COLUMNS)
+    df["flops"] = 6.0 * df["tokens"] * df["in_features"] * df["out_features"]
+    df["tflops"] = df["flops"] / (df["median_ms"] * 1e-3) / 1e12
+    base = df[df["recipe"] == "bf16"].set_index("shape")["median_ms"]
+    df["ratio_vs_bf16"] = df["shape"].map(base) / df["median_ms"]
+    return df
+
+
+def _faster(row: pd.Series, base: pd.Series) -> bool:
+    """True when ``row`` is faster than ``base`` and the tie rule tells them apart."""
+    if not (row["median_ms"] > 0 and base["median_ms"] > 0):
+        return False
+    tie = verdicts.is_tie(float(row["median_ms"]), float(base["median_ms"]),
+                          a_iqr=(float(row["q1_ms"]), float(row["q3_ms"])),
+                          b_iqr=(float(base["q1_ms"]), float(base["q3_ms"])))
+    return bool(row["median_ms"] < base["median_ms"]) and not tie
+
+
+def faster_widths(sweep: pd.DataFrame, recipe: str) -> dict[int, bool]:
+    """For each square width measured: is ``recipe`` faster than bf16 there (tie rule)?"""
+    square = sweep[sweep["kind"] == "square"].set_index(["in_features", "recipe"])
+    result = {}
+    for width in sorted(sweep.loc[sweep["kind"] == "square", "in_features"].unique()):
+        pair = [(width, r) in square.index for r in (recipe, "bf16")]
+        result[int(width)] = all(pair) and _faster(square.loc[(width, recipe)],
+                                                   square.loc[(width, "bf16")])
+    return result
+
+
+def crossover(sweep: pd.DataFrame, recipe: str) -> int | None:
+    """The smallest square width from which ``recipe`` is faster than bf16 at it and at every
+    larger width measured; None when it is not faster at the largest one."""
+    found = None
+    for width, faster in sorted(faster_widths(sweep, recipe).items(), reverse=True):
+        if not faster:
+            break
+        found = width
+    return found
+
+
+def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
+    """One sentence: from which width float8 ``recipe`` beats bf16 on this run's sweep."""
+    square = sweep[(sweep["kind"] == "square") & (sweep["recipe"] == recipe)]
+    ratio = dict(zip(square["in_features"].astype(int), square["ratio_vs_bf16"], strict=True))
+    faster = faster_widths(sweep, recipe)
+    if not ratio:
+        return f"float8 {recipe}: no square width was measured."
+    low, high, width = min(faster), max(faster), crossover(sweep, recipe)
+    at = ", ".join(f"{w}: {ratio[w]:.2f}x" for w in sorted(ratio) if w in ratio)
+    if width is None:
+        some = [w for w, f in faster.items() if f]
+        also = f" (faster only at {', '.join(map(str, some))})" if some else ""
+        return (f"float8 {recipe} is not measurably faster than bf16 (tie rule) from any width on "
+                f"between {low} and {high}{also}; ratio to bf16 {at}.")
+    if width == low:
+        return (f"float8 {recipe} is faster than bf16 at every width measured, {low} to "
+                f"{high}; ratio to bf16 {at}.")
+    return (f"float8 {recipe} is faster than bf16 from width {width} up, not below; ratio to "
+            f"bf16 {at}.")
+
+
+# ------------------------------------------------------------------ end to end
+def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
+                     flops_per_token: float, peak_tflops: float,
+                     baseline: str = "bf16") -> pd.DataFrame:
+    """``gpt.paths_table`` keyed by recipe, with the speedup over the ``baseline`` run (its
+    step time over this one's) and the validation loss's difference to it in percent."""
+    table = gpt.paths_table(runs, labels, flops_per_token=flops_per_token,
+                            peak_tflops=peak_tflops)
+    table = table.rename(columns={"path": "recipe"}).drop(columns="speedup_vs_fp32")
+    base = table[(table["recipe"] == baseline) & (table["status"] == "ran")]
+    base_ms = float(base["step_ms"].iloc[0]) if len(base) else math.nan
+    base_loss = float(base["final_val_loss"].iloc[0]) if len(base) else math.nan
+    table["speedup_vs_bf16"] = base_ms / table["step_ms"]
+    table["val_loss_diff_pct"] = 100.0 * (table["final_val_loss"] - base_loss) / base_loss
+    return table
+
+
+def _iqr(row: pd.Series) -> tuple[float, float]:
+    return float(row["step_ms_q1"]), float(row["step_ms_q3"])
+
+
+def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
+            baseline: str = "bf16") -> str:
+    """Whether float8 speeds up this model's training on this run (faster than the baseline
+    by the tie rule, and validation losses within :data:`VAL_LOSS_TOLERANCE`), and from which
+    width the sweep says it pays."""
+    ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
+    if baseline not in getattr(ran, "index", []):
+        return "The bf16 run (path 4) did not run here, so there is no end-to-end verdict."
+    base = ran.loc[baseline]
+    lines, helps = [], []
+    for recipe, row in e2e.set_index("recipe").iterrows():
+        if recipe == baseline:
+            continue
+        if recipe not in ran.index:
+            lines.append(f"float8 {recipe}: {row['status']}")
+            continue
+        said = verdicts.compare(f"float8 {recipe}", float(row["step_ms"]), "path 4",
+                                float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base))
+        diff = float(row["val_loss_diff_pct"])
+        agrees = abs(diff) <= 100 * VAL_LOSS_TOLERANCE
+        memory = float(row["peak_mem_gib"]) - float(base["peak_mem_gib"])
+        mem = "" if math.isnan(memory) else f", peak memory {memory:+.2f} GiB"
+        lines.append(f"{said} per step; validation loss {diff:+.2f}% "
+                     f"({'within' if agrees else 'NOT within'} the course's "
+                     f"{VAL_LOSS_TOLERANCE:.0%}){mem}.")
+        faster = (float(row["step_ms"]) < float(base["step_ms"]) and not verdicts.is_tie(
+            float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base)))
+        if faster and agrees:
+            helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
+    if helps:
+        lines.append(f"Verdict ({where}): float8 speeds up this model's training on this run - "
+                     f"{', '.join(helps)} path 4's speed - with the losses in agreement.")
+    else:
+        lines.append(f"Verdict ({where}): float8 does not speed up this model's training on "
+                     "this run: no recipe was measurably faster than path 4 (bf16) with its "
+                     "validation loss within the tolerance.")
+    for recipe in [r for r in e2e["recipe"] if r != baseline]:
+        if sweep.empty or recipe not in set(sweep["recipe"]):
+            continue
+        cross = crossover(sweep, recipe)
+        shape = sweep[(sweep["recipe"] == recipe) & ((sweep["in_features"] == width)
+                                                     | (sweep["out_features"] == width))]
+        here = (f"; at this model's width {width} the sweep measured "
+                + ", ".join(f"{s} {r:.2f}x" for s, r in zip(shape["shape"],
+                                                             shape["ratio_vs_bf16"], strict=True))
+                if len(shape) else "")
+        top = int(sweep.loc[sweep["kind"] == "square", "in_features"].max())
+        pays = (f"pays from width {cross} up" if cross is not None else
+                f"does not pay from any width on, up to {top}")
+        lines.append(f"Width: one Linear in float8 {recipe} {pays} (the sweep){here}.")
+    return "\n".join(lines)
+
+
+def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
+            e2e: pd.DataFrame, *, where: str, peak_source: str = "") -> str:
+    """The notebook's closing lines, each computed from one of the run's tables."""
+    lines = [f"On this run ({where}):"]
+    lines += [f"- rounding: {breaking_line(grown, cast)}" for cast in dict.fromkeys(grown["cast"])
+              if cast.startswith("float8")]
+    if len(correctness):
+        worst = correctness.groupby("recipe")["rel_err"].max()
+        how = ", ".join(sorted(set(correctness["kernel"])))
+        lines.append("- one float8 Linear against float64 (" + how + "): largest relative error "
+                     + ", ".join(f"{r} {v:.3g}" for r, v in worst.items())
+                     + ("; every tolerance held" if correctness["ok"].all() else
+                        "; a tolerance was EXCEEDED"))
+    if sweep.empty:
+        lines.append("- width sweep: not measured here")
+    else:
+        lines += [f"- sweep: {crossover_line(sweep, r)}"
+                  for r in dict.fromkeys(sweep["recipe"]) if r != "bf16"]
+    ran = e2e[e2e["status"] == "ran"] if len(e2e) else e2e
+    if ran.empty:
+        lines.append("- end to end: not measured here")
+    compiled = sweep[sweep["mode"] == "compiled"] if "mode" in sweep else sweep[:0]
+    spent = [f"{compiled['compile_s'].sum():.0f} s for the sweep's {len(compiled)} cases"
+             if len(compiled) else "",
+             f"{ran['compile_s'].sum():.0f} s for the {ran['compile_s'].notna().sum()} training "
+             "runs" if "compile_s" in ran and ran["compile_s"].notna().any() else ""]
+    if any(spent):
+        lines.append("- compilation: " + ", ".join(p for p in spent if p))
+    if len(ran) and peak_source:
+        lines.append(f"- end to end, MFU against the {peak_source}:")
+    for _, row in ran.iterrows():
+        lines.append(f"- end to end, {row['label']}: {row['step_ms']:.1f} ms/step, "
+                     f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}, "
+                     f"{row['speedup_vs_bf16']:.2f}x path 4, val loss {row['final_val_loss']:.3f}"
+                     f" ({row['val_loss_diff_pct']:+.2f}%)")
+    return "\n".join(lines)

@@ -1,0 +1,412 @@
+"""Notebook 06's module: the formats, the scale and the rounding error against float64, torchao
+(present, missing, broken) and the FP8 hardware check, the sweep's timing, table and crossover,
+the end-to-end table and the verdict; and the notebook itself, run with FP8 emulated (sections
+3-4 on the CPU) and with torchao missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+import math
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from helpers import bench, fp8, gpt, machine
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "06_fp8_on_hopper.ipynb"
+CPU = torch.device("cpu")
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+# ------------------------------------------------------------------ formats
+def test_formats_are_read_from_finfo():
+    table = fp8.formats_table([torch.bfloat16, E4M3, E5M2]).set_index("dtype")
+    e4m3, e5m2, bf16 = table.loc["float8_e4m3fn"], table.loc["float8_e5m2"], table.loc["bfloat16"]
+    assert (e4m3["exponent_bits"], e4m3["mantissa_bits"], e4m3["max"]) == (4, 3, 448.0)
+    assert (e5m2["exponent_bits"], e5m2["mantissa_bits"], e5m2["max"]) == (5, 2, 57344.0)
+    assert e4m3["smallest_subnormal"] == 2.0**-9 and e5m2["smallest_subnormal"] == 2.0**-16
+    assert e4m3["unit_roundoff"] == 2.0**-4 and bf16["unit_roundoff"] == 2.0**-8
+    assert not e4m3["has_inf"] and e5m2["has_inf"]  # "fn": finite, NaN only
+    assert e5m2["decades"] > e4m3["decades"] + 4  # e5m2 trades a mantissa bit for range
+
+
+# ------------------------------------------------------------------ scale and rounding
+def _with_outlier_row(factor: float) -> torch.Tensor:
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    x[7] *= factor
+    return x
+
+
+def test_scale_is_amax_over_the_formats_max():
+    x = _with_outlier_row(50.0)
+    assert fp8.scale(x, E4M3).item() == pytest.approx(x.abs().max().item() / 448.0, rel=1e-12)
+    rows = fp8.scale(x, E5M2, rowwise=True)
+    assert rows.shape == (64, 1)
+    torch.testing.assert_close(rows, x.abs().amax(dim=1, keepdim=True).double() / 57344.0)
+    pow2 = fp8.scale(x, E4M3, rowwise=True, pow2=True)
+    assert torch.equal(torch.exp2(torch.log2(pow2).round()), pow2)  # powers of two
+    assert (pow2 >= fp8.scale(x, E4M3, rowwise=True)).all()  # rounded up: nothing saturates
+    assert (pow2 < 2 * fp8.scale(x, E4M3, rowwise=True)).all()
+
+
+def test_scale_matches_torchao():
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_utils import tensor_to_scale
+
+    x = _with_outlier_row(50.0)
+    torch.testing.assert_close(tensor_to_scale(x, E4M3).double(), 1 / fp8.scale(x, E4M3),
+                               rtol=1e-6, atol=0)
+    rowwise = tensor_to_scale(x, E4M3, scaling_granularity=ScalingGranularity.AXISWISE,
+                              axiswise_dim=-1, round_scales_to_power_of_2=True)
+    assert torch.equal(rowwise.double(), 1 / fp8.scale(x, E4M3, rowwise=True, pow2=True))
+
+
+def test_roundtrip_saturates_and_flushes():
+    x = torch.tensor([1000.0, 1e-5, 1.0])
+    assert fp8.roundtrip(x, E4M3).tolist() == [448.0, 0.0, 1.0]
+    small = torch.full((8, 8), 1e-5) * torch.linspace(1, 2, 8)
+    assert fp8.rounding_errors(small, fp8.cast(small, E4M3, "none"))["flushed_pct"] == 100.0
+    scaled = fp8.rounding_errors(small, fp8.cast(small, E4M3, "tensorwise"))
+    assert scaled["flushed_pct"] == 0.0 and scaled["rel_err"] <= 2.0**-4
+
+
+def test_rounding_error_stays_within_unit_roundoff_in_the_normal_range():
+    x = torch.rand(32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 1.0
+    for dtype in (torch.bfloat16, E4M3, E5M2):
+        err = (fp8.roundtrip(x, dtype) - x).abs() / x
+        assert err.max().item() <= torch.finfo(dtype).eps / 2 + 1e-15
+
+
+def test_rowwise_beats_tensorwise_on_an_outlier_row():
+    x = _with_outlier_row(1e5)
+    tensorwise = fp8.rounding_errors(x, fp8.cast(x, E4M3, "tensorwise"))
+    rowwise = fp8.rounding_errors(x, fp8.cast(x, E4M3, "rowwise"))
+    assert rowwise["median_row_rel_err"] < tensorwise["median_row_rel_err"] / 2
+    assert rowwise["flushed_pct"] < tensorwise["flushed_pct"]
+    plain = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))  # no outlier: even
+    a = fp8.rounding_errors(plain, fp8.cast(plain, E4M3, "tensorwise"))["median_row_rel_err"]
+    b = fp8.rounding_errors(plain, fp8.cast(plain, E4M3, "rowwise"))["median_row_rel_err"]
+    assert a == pytest.approx(b, rel=0.1)
+    with pytest.raises(ValueError):
+        fp8.cast(x, E4M3, "blockwise")
+
+
+def test_outlier_sweep_finds_where_tensorwise_breaks():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    grown = fp8.outlier_sweep(x, [1.0, 1e2, 1e4, 1e6], [(E4M3, "tensorwise"), (E4M3, "rowwise")],
+                              row=3)
+    assert len(grown) == 8 and set(grown["cast"]) == {"float8_e4m3fn tensorwise",
+                                                      "float8_e4m3fn rowwise"}
+    broken = fp8.breaking_factor(grown, "float8_e4m3fn tensorwise", 2.0**-4)
+    assert broken is not None and broken > 1.0
+    assert fp8.breaking_factor(grown, "float8_e4m3fn rowwise", 2.0**-4) is None
+    assert f"from an outlier token x{broken:,.0f} on" in fp8.breaking_line(
+        grown, "float8_e4m3fn tensorwise")
+    assert "stays within" in fp8.breaking_line(grown, "float8_e4m3fn rowwise")
+    assert torch.equal(x, torch.randn(64, 128, generator=torch.Generator().manual_seed(0)))
+
+
+def test_spread_finds_the_largest_row():
+    info = fp8.spread(_with_outlier_row(100.0))
+    assert info["largest_row"] == 7 and info["row_amax_ratio"] > 30
+
+
+def test_capture_keeps_the_linears_input_and_output_gradient():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    seen = fp8.capture(model[2], lambda: model(x).pow(2).sum())
+    hidden = model[1](model[0](x)).detach()
+    torch.testing.assert_close(seen["activation"], hidden)
+    torch.testing.assert_close(seen["gradient"], 2 * model[2](hidden).detach())  # d(y^2)/dy
+    assert not model[2]._forward_hooks and not model[2]._forward_pre_hooks  # hooks removed
+
+
+# ------------------------------------------------------------------ torchao and the hardware
+def test_torchao_is_usable_here():
+    assert fp8.torchao_problem() == ""
+    assert fp8.torchao_version() == fp8.TORCHAO_PIN
+
+
+def test_missing_torchao_is_one_sentence_with_the_install_command(monkeypatch):
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", absent)
+    said = fp8.torchao_problem()
+    assert said.startswith("torchao is not installed") and "pip install torchao==0.18.0" in said
+    assert fp8.missing(torchao=True) == "torchao 0.18.0 (pip install torchao==0.18.0)"
+
+
+def test_torchao_that_fails_to_import_is_one_sentence(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import raises ImportError
+    said = fp8.torchao_problem()
+    assert said.startswith("torchao 0.18.0 does not work with torch")
+    assert "import of torchao.float8 halted" in said and said.endswith("restart the kernel.")
+    assert "\n" not in said
+
+
+def test_torchao_without_the_api_is_one_sentence(monkeypatch):
+    fake = types.ModuleType("torchao.float8")
+    fake.convert_to_float8_training = lambda *a, **k: None
+
+    class Float8LinearConfig:  # no from_recipe_name, not a dataclass
+        pass
+
+    fake.Float8LinearConfig = Float8LinearConfig
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    said = fp8.torchao_problem()
+    assert ("lacks Float8LinearConfig.from_recipe_name and Float8LinearConfig(emulate=...)"
+            in said and said.endswith("pip install torchao==0.18.0, then restart the kernel."))
+    fake.Float8LinearConfig = dataclasses.make_dataclass("Float8LinearConfig", [("emulate", bool)])
+    said = fp8.torchao_problem()
+    assert "lacks Float8LinearConfig.from_recipe_name," in said
+
+
+@pytest.mark.parametrize(("cuda", "cap", "expected"), [
+    (False, None, "a CUDA GPU with FP8 tensor cores"),
+    (True, (8, 0), "this one is 8.0"),
+    (True, (8, 6), "this one is 8.6"),
+    (True, (8, 9), ""),
+    (True, (9, 0), ""),
+    (True, (12, 0), ""),
+])
+def test_fp8_needs_compute_capability_8_9(monkeypatch, capsys, cuda, cap, expected):
+    monkeypatch.setattr(machine, "cuda_available", lambda: cuda)
+    monkeypatch.setattr(machine, "capability", lambda: cap)
+    said = fp8.fp8_missing()
+    assert (expected in said) if expected else said == ""
+    ok = fp8.needs(fp8=True)
+    lines = capsys.readouterr().out.splitlines()
+    if expected:
+        assert not ok and len(lines) == 1
+        assert lines[0].startswith("Skipped: this cell needs ") and "8.9 or newer" in lines[0]
+    else:
+        assert ok and lines == []
+
+
+def test_quiet_torchao_drops_only_its_noise():
+    fp8.quiet_torchao()
+    fp8.quiet_torchao()  # idempotent: one filter per logger
+    logger = logging.getLogger("torchao")
+    assert sum(isinstance(f, fp8._Drop) for f in logger.filters) == 1
+
+    def passes(name, message):
+        record = logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+        return logging.getLogger(name).filter(record)
+
+    assert not passes("torchao", "Failed to load /x/torchao/_C_mxfp8.abi3.so: no library")
+    assert passes("torchao", "Skipping import of cpp extensions due to incompatible torch")
+    assert not passes("torch.utils._pytree", "<enum 'KernelPreference'> is an Enum subclass and "
+                                             "is now natively supported")
+    assert passes("torch.utils._pytree", "something else")
+
+
+def test_importing_torchao_through_the_helper_prints_nothing():
+    proc = subprocess.run([sys.executable, "-c", "from helpers import fp8\n"
+                           "assert fp8.torchao_problem() == ''\n"
+                           "from torchao.float8 import convert_to_float8_training"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+
+
+# ------------------------------------------------------------------ the sweep
+def test_time_case_runs_an_emulated_float8_linear():
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name("rowwise")
+    linear = convert_to_float8_training(nn.Linear(32, 48, bias=False),
+                                        config=dataclasses.replace(config, emulate=True))
+    assert type(linear).__name__ == "Float8Linear"
+    timed = fp8.time_case(linear, 32, 48, 64, device=CPU, dtype=torch.float32, warmup=1,
+                          repeats=3, count=True)
+    assert timed["median_ms"] > 0 and timed["q1_ms"] <= timed["median_ms"] <= timed["q3_ms"]
+    assert timed["kernels"] > 0 and timed["counted"] == "aten ops (CPU)"
+    assert linear.weight.grad is not None and linear.weight.grad.shape == (48, 32)
+
+
+def _row(width, recipe, ms, kind="square", spread=0.01, k=None, n=None):
+    k, n = k or width, n or width
+    return {"shape": f"{k}x{n}", "kind": kind, "tokens": 1024, "in_features": k,
+            "out_features": n, "recipe": recipe, "mode": "compiled", "median_ms": ms,
+            "q1_ms": ms * (1 - spread),
+            "q3_ms": ms * (1 + spread), "iqr_ms": 2 * spread * ms, "compile_s": 1.0}
+
+
+def _sweep(fp8_ms: dict[int, float], recipe="tensorwise") -> pd.DataFrame:
+    rows = []
+    for width, ms in fp8_ms.items():
+        rows += [_row(width, "bf16", 1.0), _row(width, recipe, ms)]
+    return fp8.sweep_table(rows)
+
+
+def test_sweep_table_counts_six_mkn_and_the_ratio_to_bf16():
+    table = fp8.sweep_table([_row(1024, "bf16", 2.0), _row(1024, "tensorwise", 1.0),
+                             _row(0, "bf16", 1.0, kind="MLP up", k=768, n=3072)])
+    fp8_row = table[table["recipe"] == "tensorwise"].iloc[0]
+    assert fp8_row["flops"] == 6 * 1024 * 1024 * 1024
+    assert fp8_row["tflops"] == pytest.approx(6 * 1024**3 / 1e-3 / 1e12)
+    assert fp8_row["ratio_vs_bf16"] == pytest.approx(2.0)
+    assert table[table["recipe"] == "bf16"]["ratio_vs_bf16"].tolist() == [1.0, 1.0]
+    assert fp8.sweep_table([]).empty
+
+
+def test_crossover_is_the_smallest_width_from_which_float8_stays_faster():
+    assert fp8.crossover(_sweep({768: 1.3, 2048: 1.1, 4096: 0.8, 8192: 0.6}), "tensorwise") == 4096
+    assert fp8.crossover(_sweep({768: 0.9, 2048: 0.8}), "tensorwise") == 768
+    assert fp8.crossover(_sweep({768: 1.2, 2048: 1.1}), "tensorwise") is None
+    # faster at 2048 but not at 4096: only 8192 on counts
+    assert fp8.crossover(_sweep({1024: 1.2, 2048: 0.8, 4096: 1.01, 8192: 0.7}),
+                         "tensorwise") == 8192
+    # within 3% of bf16 is a tie, not faster
+    assert fp8.crossover(_sweep({4096: 0.98, 8192: 0.98}), "tensorwise") is None
+    # the MLP shapes do not enter the square crossover
+    table = fp8.sweep_table(_sweep({768: 1.2, 2048: 0.8}).to_dict("records")
+                            + [_row(0, "bf16", 1.0, kind="MLP up", k=768, n=3072),
+                               _row(0, "tensorwise", 0.5, kind="MLP up", k=768, n=3072)])
+    assert fp8.crossover(table, "tensorwise") == 2048
+
+
+def test_crossover_line_follows_the_numbers():
+    line = fp8.crossover_line(_sweep({768: 1.3, 2048: 0.8, 4096: 0.7}), "tensorwise")
+    assert "faster than bf16 from width 2048 up" in line and "768: 0.77x" in line
+    assert "at every width measured" in fp8.crossover_line(_sweep({768: 0.5, 2048: 0.4}),
+                                                           "tensorwise")
+    never = fp8.crossover_line(_sweep({768: 1.5, 2048: 0.8, 4096: 1.2}), "tensorwise")
+    assert "not measurably faster than bf16 (tie rule) from any width on" in never
+    assert "faster only at 2048" in never
+
+
+# ------------------------------------------------------------------ end to end and verdict
+def _run(label, ms, val_loss, mem=2.0, spread=0.01, steps=20):
+    losses = [5.5 - 3.0 * i / steps for i in range(steps)]
+    step_ms = [100.0] + [ms * (1 + spread * ((i % 3) - 1)) for i in range(steps - 1)]
+    return bench.Run(label, "cuda", losses=losses, step_ms=step_ms, warmup=1, peak_mem_gib=mem,
+                     extra={"tokens_per_step": 32768, "val_loss": val_loss, "checksum": 7,
+                            "compile_s": 20.0})
+
+
+LABELS = {"bf16": "path 4 (bf16)", "tensorwise": "path 4 + float8 tensorwise",
+          "rowwise": "path 4 + float8 rowwise"}
+
+
+def _e2e(tw_ms, tw_loss, rw_ms=50.0, rw_loss=2.80):
+    runs = {"bf16": _run(LABELS["bf16"], 50.0, 2.80), "tensorwise": _run("tw", tw_ms, tw_loss),
+            "rowwise": _run("rw", rw_ms, rw_loss)}
+    return fp8.end_to_end_table(runs, LABELS, flops_per_token=gpt.flops_per_token(gpt.GPT2_SMALL),
+                                peak_tflops=989.0)
+
+
+def test_end_to_end_table_has_the_speedup_and_loss_difference():
+    table = _e2e(40.0, 2.828).set_index("recipe")
+    assert table.loc["tensorwise", "speedup_vs_bf16"] == pytest.approx(1.25)
+    assert table.loc["tensorwise", "val_loss_diff_pct"] == pytest.approx(1.0)
+    assert table.loc["bf16", "speedup_vs_bf16"] == 1.0
+    for column in ("status", "step_ms", "step_ms_iqr", "tokens_per_s", "mfu", "peak_mem_gib",
+                   "final_val_loss", "speedup_vs_bf16", "val_loss_diff_pct"):
+        assert column in table.columns
+    missing = fp8.end_to_end_table({"bf16": _run("b", 50.0, 2.8)}, LABELS,
+                                   flops_per_token=1.0, peak_tflops=1.0).set_index("recipe")
+    assert missing.loc["rowwise", "status"] == "not run on this machine"
+
+
+def test_verdict_says_faster_only_when_faster_and_the_losses_agree():
+    sweep = _sweep({768: 1.2, 2048: 0.9, 4096: 0.7})
+    helps = fp8.verdict(_e2e(40.0, 2.81), sweep, width=768, where="H200")
+    assert "float8 speeds up this model's training on this run - tensorwise (1.25x)" in helps
+    assert "rowwise" not in helps.split("Verdict")[1].split("\n")[0]  # rowwise tied: not listed
+    assert "pays from width 2048 up" in helps and "768x768 0.83x" in helps
+    slower = fp8.verdict(_e2e(60.0, 2.81), sweep, width=768, where="H200")
+    assert "float8 does not speed up this model's training" in slower and "slower than" in slower
+    diverged = fp8.verdict(_e2e(40.0, 2.95), sweep, width=768, where="H200")
+    assert "does not speed up" in diverged and "NOT within the course's 2%" in diverged
+    assert "did not run here" in fp8.verdict(_e2e(40.0, 2.8).iloc[1:], sweep, width=768,
+                                             where="H200")
+
+
+def test_summary_reads_every_table():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    grown = fp8.outlier_sweep(x, [1.0, 1e6], [(E4M3, "tensorwise")], row=0)
+    correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
+                                 "ok": True, "kernel": "emulated"}])
+    text = fp8.summary(grown, correctness, fp8.sweep_table([]), pd.DataFrame(), where="the CPU")
+    assert text.startswith("On this run (the CPU):")
+    assert "width sweep: not measured here" in text and "end to end: not measured here" in text
+    assert "every tolerance held" in text
+    full = fp8.summary(grown, correctness, _sweep({768: 1.2, 2048: 0.8}), _e2e(40.0, 2.81),
+                       where="H200", peak_source="datasheet dense bf16 peak of the H200")
+    assert "1.25x path 4" in full and "from width 2048 up" in full
+    assert "- end to end, MFU against the datasheet dense bf16 peak of the H200:" in full
+    assert "- compilation: 4 s for the sweep's 4 cases, 60 s for the 3 training runs" in full
+
+
+# ------------------------------------------------------------------ the notebook
+def _notebook_with(tmp_path: Path, replace: tuple[str, str] | None = None) -> Path:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    if replace is not None:
+        params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        assert replace[0] in params.source
+        params.source = params.source.replace(*replace)
+    path = tmp_path / NOTEBOOK.name
+    nbformat.write(nb, path)
+    return path
+
+
+def _outputs(path: Path) -> tuple[list, list, str]:
+    executed = nbformat.read(path, as_version=4)
+    outputs = [o for c in executed.cells for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.output_type == "error"]
+    stderr = [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"]
+    text = "".join(o.text for o in outputs if o.output_type == "stream")
+    return errors, stderr, text
+
+
+@pytest.mark.notebook
+def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(tmp_path):
+    from coursetools import runner
+
+    path = _notebook_with(tmp_path, ("emulate_fp8 = False", "emulate_fp8 = True"))
+    run = runner.execute(path, tmp_path / "out", profile="smoke", timeout=300)
+    assert run.ok, run.error
+    errors, stderr, text = _outputs(run.output)
+    assert not errors and not stderr, stderr
+    saved = {p.name for p in (tmp_path / "out" / "results").glob("06_*.csv")}
+    assert {"06_rounding.csv", "06_correctness.csv", "06_width_sweep.csv",
+            "06_end_to_end.csv"} <= saved
+    e2e = pd.read_csv(tmp_path / "out" / "results" / "06_end_to_end.csv")
+    assert list(e2e["status"]) == ["ran", "ran", "ran"]
+    assert e2e["batch_checksum"].nunique() == 1
+    assert (e2e["val_loss_diff_pct"].abs() < 2).all()
+    assert "Verdict (the CPU, float8 emulated: not FP8 speed)" in text
+
+
+@pytest.mark.notebook
+def test_the_notebook_without_torchao_says_so_in_one_sentence(tmp_path, monkeypatch):
+    from coursetools import runner
+
+    fake = tmp_path / "fake" / "torchao"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('simulated: a torchao that is broken')\n")
+    path = _notebook_with(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(fake.parent))  # found before the installed torchao
+    run = runner.execute(path, tmp_path / "out", profile="smoke", timeout=300)
+    assert run.ok, run.error
+    errors, stderr, text = _outputs(run.output)
+    assert not errors and not stderr
+    assert ("does not work with torch" in text and "simulated: a torchao that is broken" in text
+            and "pip install torchao==0.18.0, then restart the kernel." in text)
+    assert "Skipped: this cell needs torchao 0.18.0 (pip install torchao==0.18.0)." in text
+    assert (tmp_path / "out" / "results" / "06_rounding.csv").exists()
+    assert not math.isnan(pd.read_csv(tmp_path / "out" / "results" / "06_rounding.csv")
+                          ["rel_err"].iloc[0])
