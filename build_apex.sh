@@ -20,14 +20,16 @@ readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD 
 
 # Build-time figures for the estimate printed before a build, from builds on NVIDIA H200 machines
 # with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0), timed with bash's `time`:
-# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda: --course-only),
-#   one build on 2026-12-01: 126 s wall, 541 s user + 45 s sys of CPU time;
+# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), two builds on
+#   2026-12-01: with --course-only, 598 s user + 47 s sys of CPU time and 248 s wall, because
+#   that build still spread its jobs over 8 extensions (2 per extension; fixed since: see
+#   PARALLEL_BUILD below); with all 48 jobs on them, 541 s user + 45 s sys and 126 s wall;
 # - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, the default),
 #   APEX_PARALLEL_BUILD=8 MAX_JOBS=2, one build on 2026-12-01: 246 s wall, 1417 s user + 103 s
 #   sys of CPU time.
 readonly EST_CPUS=16                 # CPUs of the machine the figures come from
-readonly EST_COURSE_EXT_CPU_S=586    # CPU-seconds (541 user + 45 sys) per architecture
-readonly EST_COURSE_EXT_WALL_S=126   # wall seconds per architecture (the floor of the model)
+readonly EST_COURSE_EXT_CPU_S=645    # CPU-seconds (598 user + 47 sys, --course-only) per architecture
+readonly EST_COURSE_EXT_WALL_S=126   # the fastest wall seconds per architecture (the model's floor)
 readonly EST_FULL_CPU_S=1520         # full build: CPU-seconds (1417 user + 103 sys) per architecture
 readonly EST_FULL_WALL_S=246         # full build: wall seconds per architecture (its floor)
 # The extensions the course imports: what --course-only builds, and what verification checks.
@@ -75,7 +77,7 @@ Options:
                   script at once.
   --force         Rebuild even if the same verified commit is already installed.
   --course-only   Build only the extensions the course uses (${COURSE_EXTENSIONS//,/, }),
-                  about 2.6x less CPU time than the full build (see the estimate below):
+                  about 2.4x less CPU time than the full build (see the estimate below):
                   the choice for a machine with few CPUs. Apex's setup.py has no option for
                   this, so the script filters its extension list in the staged copy it builds
                   (the source folder itself is never changed); other fused kernels of Apex
@@ -520,7 +522,11 @@ if ((WANT_MAIN)); then
         JOBS_BUDGET="$cpus" JOBS_REASON="$cpus CPUs, free memory unknown"
     fi
     ((JOBS_BUDGET >= 1)) || JOBS_BUDGET=1
-    PARALLEL_BUILD=$((JOBS_BUDGET < MAX_PARALLEL_EXT ? JOBS_BUDGET : MAX_PARALLEL_EXT))
+    # Extensions compiled at once: at most MAX_PARALLEL_EXT, and no more than --course-only builds,
+    # so that its three extensions get all the jobs (with 8 slots they got 2 jobs each).
+    ext_cap=$MAX_PARALLEL_EXT
+    ((COURSE_ONLY)) && ext_cap=3
+    PARALLEL_BUILD=$((JOBS_BUDGET < ext_cap ? JOBS_BUDGET : ext_cap))
     NINJA_JOBS=$((JOBS_BUDGET / PARALLEL_BUILD))
     ((NINJA_JOBS >= 1)) || NINJA_JOBS=1
 

@@ -52,7 +52,7 @@ def _records(results: Path, name: str, columns: tuple[str, ...]) -> list[dict]:
 
 def notebook_records(runs: list[runner.NotebookRun], env: dict) -> dict:
     """One record per notebook run: its status, time, GPU memory, parameters and commit."""
-    return {r.name: {"ok": r.ok, "seconds": round(r.seconds, 1),
+    return {r.name: {"ok": r.ok, "status": r.status, "seconds": round(r.seconds, 1),
                      "peak_gpu_gib": None if r.peak_gpu_gib is None else round(r.peak_gpu_gib, 2),
                      "parameters": r.parameters or {}, "course_commit": env.get("course_commit"),
                      "date": env.get("date")}

@@ -64,6 +64,11 @@ def quiet_torchao() -> None:
             logger.addFilter(_Drop(pattern))
     warnings.filterwarnings("ignore", message=r"torch\.get_autocast_gpu_dtype\(\) is deprecated",
                             category=DeprecationWarning)
+    # Python 3.12 compiling torchao's sources on first import (an install that skipped byte
+    # compilation): a docstring's "\." escape, torchao's own and harmless
+    for category in (SyntaxWarning, DeprecationWarning):  # SyntaxWarning from Python 3.12 on
+        warnings.filterwarnings("ignore", message=r"invalid escape sequence", category=category,
+                                module=r".*[/\\]torchao[/\\]")
 
 
 def torchao_version() -> str | None:

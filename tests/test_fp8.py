@@ -410,3 +410,19 @@ def test_the_notebook_without_torchao_says_so_in_one_sentence(tmp_path, monkeypa
     assert (tmp_path / "out" / "results" / "06_rounding.csv").exists()
     assert not math.isnan(pd.read_csv(tmp_path / "out" / "results" / "06_rounding.csv")
                           ["rel_err"].iloc[0])
+
+
+def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
+    """Python compiling torchao's files on first import warns about a docstring escape
+    (SyntaxWarning from 3.12): dropped for torchao's files only."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        fp8.quiet_torchao()
+        for category in (SyntaxWarning, DeprecationWarning):
+            warnings.warn_explicit("invalid escape sequence '\\.'", category,
+                                   "/site/torchao/quantization/quant_api.py", 1542)
+            warnings.warn_explicit("invalid escape sequence '\\.'", category,
+                                   "/site/mine/model.py", 7)
+    assert [w.filename for w in seen] == ["/site/mine/model.py"] * 2

@@ -66,9 +66,18 @@ def test_committed_summaries_are_well_formed():
         summary = json.loads(path.read_text())
         problems = report.validate_summary(summary)
         assert problems == [], f"{path}: {problems}"
-        # a committed reference run is a full-profile run in which every notebook finished
+        # a committed reference run is a full-profile run in which no notebook failed; one cut
+        # short by the time limit of its run ("interrupted") is allowed only where the README
+        # names it and says what did not run
         assert summary["profile"] == "full", path
-        assert summary["notebook_ok"] and all(summary["notebook_ok"].values()), path
+        readme = " ".join((ROOT / "README.md").read_text().split())
+        for name, record in summary.get("notebooks", {}).items():
+            status = record.get("status", "ok" if record["ok"] else "FAILED")
+            assert status in ("ok", "interrupted"), f"{path}: {name} {status}"
+            if status == "interrupted":
+                assert f"`{name[:-6]}` was interrupted" in readme, name
+        if "notebooks" not in summary:
+            assert summary["notebook_ok"] and all(summary["notebook_ok"].values()), path
 
 
 def test_readme_headline_matches_the_reference_summary():
@@ -151,7 +160,8 @@ def test_rerunning_some_notebooks_keeps_the_others_and_says_which_commit_ran_whi
     assert report.validate_summary(summary) == []
     records = summary["notebooks"]
     assert records[NOTEBOOK_NAMES[0]]["course_commit"] == "abc123"
-    assert records[NOTEBOOK_NAMES[1]] == {"ok": True, "seconds": 3.0, "peak_gpu_gib": 1.23,
+    assert records[NOTEBOOK_NAMES[1]] == {"ok": True, "status": "ok", "seconds": 3.0,
+                                          "peak_gpu_gib": 1.23,
                                           "parameters": {}, "course_commit": "def456",
                                           "date": env["date"]}
     assert summary["optimizer_step"][0]["median_ms"] == 1.5
