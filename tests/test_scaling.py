@@ -366,3 +366,24 @@ def test_without_a_legacy_source_the_reason_is_one_sentence(monkeypatch, tmp_pat
     monkeypatch.delenv("APEX_LEGACY_SRC", raising=False)
     root, why = scaling.legacy_apex_source()
     assert root is None and why.startswith("no legacy Apex source here") and "\n" not in why
+
+
+def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(tmp_path):
+    """amp_dtype 'fp16' (a GPU below compute capability 8.0): the script's autocast fp16 +
+    GradScaler step, run here with CPU autocast on 2 gloo ranks - it trains, finitely, and the
+    two wrappers agree; the fp32 run of the same plan differs (autocast was on)."""
+    (tmp_path / "train.py").write_text(notebook_script())
+    corpus = tmp_path / "corpus.pt"
+    torch.save(gpt.load_corpus(cap_mb=0.5).train, corpus)
+    plans = {amp: check_plan(corpus, variants=["ddp", "fsdp2"], amp=amp, save_params=False)
+             for amp in ("float16", None)}
+    fp16, fp32 = scaling.launch_all([(tmp_path / "train.py", 2, plans[amp],
+                                      tmp_path / f"{amp}.json") for amp in plans], timeout=240)
+    assert fp16.ok and fp32.ok, f"{fp16.error or fp32.error}\n{fp16.stderr[-2000:]}"
+    runs = {r.extra["variant"]: r for r in fp16.runs()}
+    for run in runs.values():
+        assert all(math.isfinite(v) for v in run.losses) and run.losses[-1] < run.losses[0]
+    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, runs["fsdp2"].losses,
+                                          strict=True)) < 1e-3
+    plain = {r.extra["variant"]: r for r in fp32.runs()}["ddp"]
+    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, plain.losses, strict=True)) > 1e-6
