@@ -108,7 +108,9 @@ def unknown_params(paths: list[Path], params: dict) -> list[str]:
 def inject(nb, params: dict, kernel: str = "python3"):
     """(notebook, what was set): papermill's injected-parameters cell for the names ``nb``
     defines; ``nb`` unchanged when it defines none of them."""
-    wanted = {k: v for k, v in params.items() if k in parameter_names(nb)}
+    # papermill writes a tuple as the string of it; as a list, its values stay values
+    wanted = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()
+              if k in parameter_names(nb)}
     if not wanted:
         return nb, {}
     try:

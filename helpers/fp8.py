@@ -454,7 +454,7 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
             helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
     if helps:
         lines.append(f"Verdict ({where}): float8 speeds up this model's training on this run - "
-                     f"{', '.join(helps)} path 4's speed - with the losses in agreement.")
+                     f"{', '.join(helps)} times path 4's speed - with the losses in agreement.")
     else:
         lines.append(f"Verdict ({where}): float8 does not speed up this model's training on "
                      "this run: no recipe was measurably faster than path 4 (bf16) with its "

@@ -56,24 +56,27 @@ def test_param_is_injected_where_a_notebook_defines_it(tmp_path, capsys):
     """--param sets the value (papermill's injected cell after the parameters cell) in the
     notebooks that define the name and leaves the others alone."""
     takes = tmp_path / "takes.ipynb"
-    nb = new_notebook(cells=[new_code_cell('amp_dtype = "auto"\nsteps = 3'),
-                             new_code_cell("print(f'{amp_dtype} {steps}')")])
+    nb = new_notebook(cells=[new_code_cell('amp_dtype = "auto"\nsteps = 3\nwidths = (1,)'),
+                             new_code_cell("print(f'{amp_dtype} {steps} {widths!r}')")])
     nb.cells[0].metadata["tags"] = ["parameters"]
     nbformat.write(nb, takes)
     other = _notebook(tmp_path / "other.ipynb", "print('no parameters here')")
     out = tmp_path / "out"
     code = runner.main([str(takes), str(other), "--out", str(out), "--profile", "smoke",
-                        "--param", "amp_dtype=fp16", "--param", "steps=7"])
+                        "--param", "amp_dtype=fp16", "--param", "steps=7",
+                        "--param", "widths=(64, 128)"])
     assert code == 0
     executed = nbformat.read(out / "takes.ipynb", as_version=4)
     assert executed.cells[1].metadata["tags"] == ["injected-parameters"]
-    assert executed.cells[-1].outputs[0]["text"] == "fp16 7\n"  # a string and an int
-    assert "(amp_dtype='fp16', steps=7)" in capsys.readouterr().out
+    # a string, an int, and a tuple (as a list: papermill would write a tuple as its string)
+    assert executed.cells[-1].outputs[0]["text"] == "fp16 7 [64, 128]\n"
+    assert "(amp_dtype='fp16', steps=7, widths=[64, 128])" in capsys.readouterr().out
     untouched = nbformat.read(out / "other.ipynb", as_version=4)
     assert len(untouched.cells) == 1
     record = json.loads((out / "runs.json").read_text())  # the run's record beside it
     assert [(n["name"], n["status"], n["parameters"]) for n in record["notebooks"]] == [
-        ("takes.ipynb", "ok", {"amp_dtype": "fp16", "steps": 7}), ("other.ipynb", "ok", {})]
+        ("takes.ipynb", "ok", {"amp_dtype": "fp16", "steps": 7, "widths": [64, 128]}),
+        ("other.ipynb", "ok", {})]
 
 
 def test_param_no_notebook_defines_is_refused_before_any_run(tmp_path, capsys):
