@@ -36,7 +36,7 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
-from helpers.profile import ProfileError, resolve
+from helpers.machine import ProfileError, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

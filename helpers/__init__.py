@@ -2,15 +2,14 @@
 
 The techniques the course teaches (the optimizers, the norms, the autocast + GradScaler steps,
 the training loop of each path) are written in the notebooks' cells; these modules only measure
-them. Import them by name, e.g. ``from helpers import bench, profile``:
+them. Import them by name, e.g. ``from helpers import bench, machine``:
 
 - ``bench``: timing (CUDA events, warm-up, median, IQR, L2 flush), training runs, peak memory;
 - ``ceilings``: the device's measured ceilings, its datasheet peak, "% of ceiling" and MFU;
 - ``environment``: the environment header saved with every result; the Apex build toolchain;
-- ``machine``: what this machine can run, the one mixed-precision dtype choice, one-line errors;
-- ``profile``: smoke / full run profiles and progress bars;
-- ``results``: atomic CSV / JSON / PNG writes into the results folder;
-- ``plots``: the course's standard charts;
+- ``machine``: what this machine can run, the one mixed-precision dtype choice, one-line errors,
+  and the run profile it gets (smoke / full), progress bars and the GPU memory cap;
+- ``results``: atomic CSV / JSON / PNG writes into the results folder, and the standard charts;
 - ``verdicts``: "faster / slower / indistinguishable" with the tie rule;
 - ``kernels``: kernel counts and the per-category time breakdown of a step;
 - one module per chapter for what is specific to it and not taught: ``apexcheck`` (01),

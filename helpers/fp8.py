@@ -2,8 +2,8 @@
 
 - torchao: :func:`torchao_problem` ('' or one sentence with the install command), with the
   import-time log lines that say nothing about this course quieted (:func:`quiet_torchao`);
-- what this machine can run: FP8 tensor cores are compute capability 8.9 (Ada) and newer
-  (:func:`fp8_missing`), and :func:`needs`, the one-line skip;
+- (what this machine can run - FP8 tensor cores, a working torchao - is the course's one check,
+  ``machine.needs(fp8=True, torchao=True)``);
 - the formats (:func:`formats_table`), the scale amax / finfo.max (:func:`scale`) and the
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
 - the width sweep: one Linear's forward + backward timed (:func:`time_case`), its table with
@@ -30,7 +30,6 @@ from helpers import bench, gpt, kernels, machine, verdicts
 
 TORCHAO_PIN = "0.18.0"
 INSTALL = f"pip install torchao=={TORCHAO_PIN}"
-FP8_CAPABILITY = (8, 9)  # Ada (8.9) and Hopper (9.0) run FP8 matrix products on tensor cores
 VAL_LOSS_TOLERANCE = 0.02  # notebook 05's: validation losses within 2%
 EPS = 1e-12  # torchao's floor on amax, so an all-zero tensor still gets a finite scale
 
@@ -103,37 +102,6 @@ def torchao_problem() -> str:
         return (f"torchao {version} lacks {' and '.join(lacks)}, which this notebook uses, so "
                 f"the float8 cells are skipped: {fix}.")
     return ""
-
-
-def fp8_missing() -> str:
-    """What FP8 matrix products need and this machine lacks, as one clause ('' if nothing)."""
-    want = "FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper)"
-    if not machine.cuda_available():
-        return f"a CUDA GPU with {want}"
-    major, minor = machine.capability()
-    if (major, minor) < FP8_CAPABILITY:
-        return f"a GPU with {want}; this one is {major}.{minor}"
-    return ""
-
-
-def missing(*, fp8: bool = False, torchao: bool = False) -> str:
-    """What a cell needs and this machine lacks, with the fix, as one clause ('' if nothing)."""
-    lacks = []
-    if torchao and torchao_problem():
-        lacks.append(f"torchao {TORCHAO_PIN} ({INSTALL})")
-    if fp8 and (hardware := fp8_missing()):
-        lacks.append(hardware)
-    return "; and ".join(lacks)
-
-
-def needs(**requirements) -> bool:
-    """True when every requirement holds; otherwise print one line saying what the cell needs
-    and return False (``machine.needs`` for FP8): ``if fp8.needs(fp8=True, torchao=True):``."""
-    lacks = missing(**requirements)
-    if lacks:
-        print(f"Skipped: this cell needs {lacks}.")
-        return False
-    return True
 
 
 # ------------------------------------------------------------------ formats and rounding
@@ -393,8 +361,8 @@ def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
     if width is None:
         some = [w for w, f in faster.items() if f]
         also = f" (faster only at {', '.join(map(str, some))})" if some else ""
-        return (f"float8 {recipe} is not measurably faster than bf16 (tie rule) from any width on "
-                f"between {low} and {high}{also}; ratio to bf16 {at}.")
+        return (f"float8 {recipe} is not measurably faster than bf16 (tie rule) from any width "
+                f"up, of those measured from {low} to {high}{also}; ratio to bf16 {at}.")
     if width == low:
         return (f"float8 {recipe} is faster than bf16 at every width measured, {low} to "
                 f"{high}; ratio to bf16 {at}.")
@@ -471,7 +439,7 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
                 if len(shape) else "")
         top = int(sweep.loc[sweep["kind"] == "square", "in_features"].max())
         pays = (f"pays from width {cross} up" if cross is not None else
-                f"does not pay from any width on, up to {top}")
+                f"does not pay at any width up to {top}, the widest measured")
         lines.append(f"Width: one Linear in float8 {recipe} {pays} (the sweep){here}.")
     return "\n".join(lines)
 

@@ -493,9 +493,7 @@ class Child:
         except machine.CourseError as exc:
             parser.error(str(exc))
         if torch.cuda.is_available():
-            from helpers.profile import cap_gpu_memory
-
-            cap_gpu_memory()  # the notebook's cap (COURSE_GPU_MEMORY_GIB) holds in the child too
+            machine.cap_gpu_memory()  # the notebook's COURSE_GPU_MEMORY_GIB holds in the child too
         return cls(plan, args.out)
 
     @property

@@ -4,7 +4,10 @@
   ``apex.amp`` install, and the one choice of the mixed-precision dtype (:func:`amp_dtype`);
 - :func:`needs`, the one-line skip every GPU-only cell uses;
 - :func:`one_line` and :func:`stop`, the one-sentence errors; :func:`oom_exit` and
-  :func:`compile_guard` for the two failures a reader meets most.
+  :func:`compile_guard` for the two failures a reader meets most;
+- the run profile this machine gets (:func:`resolve`: ``smoke``, tiny sizes in seconds on a CPU,
+  or ``full``, the course sizes on a GPU), the progress bars, and the GPU memory cap that
+  rehearses a smaller card (:func:`cap_gpu_memory`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -143,8 +148,7 @@ def usable_gpu_gib() -> float | None:
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
     if hasattr(torch.cuda, "get_per_process_memory_fraction"):
         return total * torch.cuda.get_per_process_memory_fraction()
-    from helpers.profile import MEMORY_VAR  # an older torch: the cap this course set, if any
-
+    # an older torch: the cap this course set, if any
     try:
         return min(total, float(os.environ.get(MEMORY_VAR) or total))
     except ValueError:
@@ -263,10 +267,31 @@ def legacy_amp_available() -> bool:
 
 
 # ------------------------------------------------------------------ the one skip
+FP8_CAPABILITY = (8, 9)  # Ada (8.9) and Hopper (9.0) run FP8 matrix products on tensor cores
+
+
+def fp8_missing() -> str:
+    """What FP8 matrix products need and this machine lacks, as one clause ('' if nothing)."""
+    want = "FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper)"
+    if not cuda_available():
+        return f"a CUDA GPU with {want}"
+    major, minor = capability()
+    if (major, minor) < FP8_CAPABILITY:
+        return f"a GPU with {want}; this one is {major}.{minor}"
+    return ""
+
+
 def missing(*, cuda: bool = False, bf16: bool = False, apex: tuple[str, ...] = (),
-            legacy_amp: bool = False) -> str:
+            legacy_amp: bool = False, fp8: bool = False, torchao: bool = False) -> str:
     """What a cell needs and this machine lacks, with the fix, as one clause ('' if nothing)."""
     lacks: list[str] = []
+    if torchao:
+        from helpers.fp8 import INSTALL, TORCHAO_PIN, torchao_problem  # notebook 06's package
+
+        if torchao_problem():
+            lacks.append(f"torchao {TORCHAO_PIN} ({INSTALL})")
+    if fp8 and (hardware := fp8_missing()):
+        lacks.append(hardware)
     if (cuda or bf16 or apex or legacy_amp) and not cuda_available():
         lacks.append("a CUDA GPU")
     elif bf16 and not bf16_supported():
@@ -296,3 +321,128 @@ def needs(**requirements) -> bool:
         print(f"Skipped: this cell needs {lacks}.")
         return False
     return True
+
+
+# --- the run profile ----------------------------------------------------------------------
+
+PROFILE_VAR = "COURSE_PROFILE"
+HEADLESS_VAR = "COURSE_HEADLESS"
+# Rehearse a smaller card on a bigger one: COURSE_GPU_MEMORY_GIB=15 caps what this process may
+# allocate (torch.cuda.set_per_process_memory_fraction); every size rule reads the capped value.
+MEMORY_VAR = "COURSE_GPU_MEMORY_GIB"
+NAMES = ("smoke", "full")
+
+T = TypeVar("T")
+
+
+class ProfileError(SystemExit):
+    """A profile name the course does not know or cannot honour. A SystemExit, so that a
+    notebook stops on its one sentence (IPython shows no traceback for it)."""
+
+    def __str__(self) -> str:
+        return str(self.code)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The chosen profile, the device the notebook runs on and whether it runs headless."""
+
+    name: str
+    device: str
+    headless: bool = False
+    memory_cap: str = ""  # the line cap_gpu_memory() said, when a cap is set
+
+    @property
+    def is_full(self) -> bool:
+        """True for the course sizes."""
+        return self.name == "full"
+
+    @property
+    def has_cuda(self) -> bool:
+        """True when the notebook runs on a CUDA GPU."""
+        return self.device == "cuda"
+
+    @property
+    def show_progress(self) -> bool:
+        """Progress bars only for interactive full-size runs."""
+        return self.is_full and not self.headless
+
+    def pick(self, smoke: T, full: T) -> T:
+        """Return the value for this profile: ``profile.pick(smoke=64, full=8192)``."""
+        return full if self.is_full else smoke
+
+    def progress(self, iterable: Iterable | None = None, *, desc: str = "",
+                 total: int | None = None, **kwargs: Any):
+        """A tqdm bar, shown only in interactive full-size runs (quiet headless and in smoke).
+
+        Interactive runs get ``tqdm.auto`` (a widget in Jupyter when ipywidgets is installed,
+        text otherwise); quiet runs get a disabled plain bar, so no widget warning is printed."""
+        from tqdm import std
+
+        if not self.show_progress:
+            return std.tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
+        from tqdm.auto import tqdm  # imported only here: it warns when ipywidgets is missing
+
+        return tqdm(iterable, desc=desc, total=total, leave=False, **kwargs)
+
+    def describe(self) -> str:
+        """One line for the notebook header."""
+        where = "a CUDA GPU" if self.has_cuda else "the CPU"
+        how = "headless" if self.headless else "interactive"
+        line = f"profile '{self.name}' on {where} ({how})"
+        if not self.has_cuda:
+            line += ": no CUDA GPU here, so sizes are tiny and GPU-only cells are skipped"
+        if self.memory_cap:
+            line += f"\n{self.memory_cap}"
+        return line
+
+
+def cap_gpu_memory(device: int = 0) -> str:
+    """Apply ``$COURSE_GPU_MEMORY_GIB`` to this process's CUDA allocator; '' when it is unset,
+    else the one line that says what was capped. A value that is no positive number is refused
+    in one sentence (:class:`ProfileError`)."""
+    raw = os.environ.get(MEMORY_VAR, "").strip()
+    if not raw:
+        return ""
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0:
+        raise ProfileError(f"{MEMORY_VAR}={raw!r} is not a positive number of GiB: unset it, "
+                           f"or set e.g. {MEMORY_VAR}=15 to rehearse a 16 GB card")
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    fraction = min(1.0, gib / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return (f"GPU memory capped at {fraction * total:.1f} GiB of this GPU's {total:.1f} GiB "
+            f"({MEMORY_VAR}={raw}; allocations beyond it fail as on a smaller card)")
+
+
+def resolve(requested: str | None = None, *, cuda: bool | None = None) -> Profile:
+    """Choose the profile.
+
+    Precedence: an explicit ``requested`` name (the notebook's parameters cell, or papermill),
+    then the ``COURSE_PROFILE`` environment variable, then ``auto``: ``full`` on CUDA, ``smoke``
+    otherwise. ``full`` without a CUDA GPU is refused with a clear message.
+    """
+    if cuda is None:
+        cuda = cuda_available()
+    name = (requested or "").strip().lower()
+    if name in ("", "auto"):
+        name = os.environ.get(PROFILE_VAR, "").strip().lower() or "auto"
+    if name == "auto":
+        name = "full" if cuda else "smoke"
+    if name not in NAMES:
+        raise ProfileError(
+            f"unknown profile '{name}': use one of {', '.join(NAMES)} or 'auto' "
+            f"(set {PROFILE_VAR}=smoke, or profile = 'smoke' in the parameters cell)"
+        )
+    if name == "full" and not cuda:
+        raise ProfileError(
+            "the 'full' profile needs a CUDA GPU and none is visible to torch; "
+            f"use {PROFILE_VAR}=smoke (or 'auto') on this machine"
+        )
+    headless = os.environ.get(HEADLESS_VAR, "") == "1"
+    memory_cap = cap_gpu_memory() if cuda else ""
+    return Profile(name=name, device="cuda" if cuda else "cpu", headless=headless,
+                   memory_cap=memory_cap)

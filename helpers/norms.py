@@ -25,7 +25,7 @@ from helpers import bench, ceilings, kernels, machine, verdicts
 if TYPE_CHECKING:
     import pandas as pd
 
-    from helpers.profile import Profile
+    from helpers.machine import Profile
 
 Factory = Callable[[int, "Config", "torch.device | str"], nn.Module]
 Factories = dict[str, dict[str, Factory]]  # norm -> candidate name -> factory
@@ -335,7 +335,7 @@ def bars(df, pass_: str, copy_gbps: float):
 
 def sweep_chart(df, copy_gbps: float):
     """GB/s against hidden size, one line per candidate, one panel per norm and pass (plain
-    ``ax.plot`` with one layout pass: ``plots.line_chart`` lays the figure out per panel)."""
+    ``ax.plot`` with one layout pass: ``results.line_chart`` lays the figure out per panel)."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)

@@ -308,28 +308,14 @@ def max_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, 
 
 def time_allreduce(mib: float, device: torch.device, *, warmup: int = 3,
                    repeats: int = 10) -> dict:
-    """Time an all-reduce of ``mib`` MiB of fp32 (CUDA events on a GPU, perf_counter on the
-    CPU; a barrier before each repeat) and give the bus bandwidth NCCL's tests report:
+    """Time an all-reduce of ``mib`` MiB of fp32 with ``bench.benchmark`` (a barrier before each
+    repeat, untimed) and give the bus bandwidth NCCL's tests report:
     bytes x 2(N-1)/N / time, what each rank sends per second in a ring."""
     world = dist.get_world_size()
     x = torch.ones(int(mib * 2**20) // 4, device=device)
-    samples = []
-    for i in range(warmup + repeats):
-        dist.barrier()
-        if device.type == "cuda":
-            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-            start.record()
-            dist.all_reduce(x)
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            samples.append(ms)
-    timing = bench.Timing("all_reduce", samples, device.type)
+    # the course's timer: the barrier before each call untimed, no L2 flush (NCCL's own buffers)
+    timing = bench.benchmark(lambda: dist.all_reduce(x), setup=dist.barrier, warmup=warmup,
+                             repeats=repeats, flush=False, device=device, label="all_reduce")
     nbytes = x.numel() * 4
     return {"bytes": nbytes, "world_size": world, "median_ms": timing.median_ms,
             "iqr_ms": timing.iqr_ms, "algbw_gbps": nbytes / timing.median_ms / 1e6,

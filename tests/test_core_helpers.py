@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import bench, ceilings, environment, machine, results
-from helpers.profile import Profile, ProfileError, resolve
+from helpers.machine import Profile, ProfileError, resolve
 
 # ---------------------------------------------------------------- profile
 
@@ -432,7 +432,7 @@ def test_gpu_memory_cap_sets_the_fraction_and_says_so(monkeypatch):
     a value that is no positive number stops in one sentence."""
     import types
 
-    from helpers import profile as profile_mod
+    profile_mod = machine
 
     set_to = {}
     monkeypatch.setattr(torch.cuda, "get_device_properties",

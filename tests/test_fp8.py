@@ -145,7 +145,7 @@ def test_missing_torchao_is_one_sentence_with_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", absent)
     said = fp8.torchao_problem()
     assert said.startswith("torchao is not installed") and "pip install torchao==0.18.0" in said
-    assert fp8.missing(torchao=True) == "torchao 0.18.0 (pip install torchao==0.18.0)"
+    assert machine.missing(torchao=True) == "torchao 0.18.0 (pip install torchao==0.18.0)"
 
 
 def test_torchao_that_fails_to_import_is_one_sentence(monkeypatch):
@@ -184,9 +184,9 @@ def test_torchao_without_the_api_is_one_sentence(monkeypatch):
 def test_fp8_needs_compute_capability_8_9(monkeypatch, capsys, cuda, cap, expected):
     monkeypatch.setattr(machine, "cuda_available", lambda: cuda)
     monkeypatch.setattr(machine, "capability", lambda: cap)
-    said = fp8.fp8_missing()
+    said = machine.fp8_missing()
     assert (expected in said) if expected else said == ""
-    ok = fp8.needs(fp8=True)
+    ok = machine.needs(fp8=True)
     lines = capsys.readouterr().out.splitlines()
     if expected:
         assert not ok and len(lines) == 1
@@ -284,7 +284,7 @@ def test_crossover_line_follows_the_numbers():
     assert "at every width measured" in fp8.crossover_line(_sweep({768: 0.5, 2048: 0.4}),
                                                            "tensorwise")
     never = fp8.crossover_line(_sweep({768: 1.5, 2048: 0.8, 4096: 1.2}), "tensorwise")
-    assert "not measurably faster than bf16 (tie rule) from any width on" in never
+    assert "not measurably faster than bf16 (tie rule) from any width up" in never
     assert "faster only at 2048" in never
 
 

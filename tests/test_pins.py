@@ -134,3 +134,9 @@ def test_the_pinned_extra_is_requirements_runtime_pins_without_torch():
     pinned = dict(p.lower().split("==") for p in project["optional-dependencies"]["pinned"])
     wanted = {k: v for k, v in pip_pins(REQUIREMENTS).items() if k in runtime - EXEMPT}
     assert pinned == wanted
+
+
+def test_notebook_06_names_the_torchao_that_requirements_pins():
+    from helpers import fp8
+
+    assert fp8.TORCHAO_PIN == pip_pins(REQUIREMENTS)["torchao"], "one torchao pin, everywhere"

@@ -10,18 +10,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import plots  # noqa: E402
+from helpers import results  # noqa: E402
 
 
 def test_value_label_uses_thousands_separators_from_1000_up():
-    assert plots.value_label(527790.4) == "527,790"
-    assert plots.value_label(1000) == "1,000"
-    assert plots.value_label(2.071) == "2.07" and plots.value_label(0.000123) == "0.000123"
+    assert results.value_label(527790.4) == "527,790"
+    assert results.value_label(1000) == "1,000"
+    assert results.value_label(2.071) == "2.07" and results.value_label(0.000123) == "0.000123"
 
 
 def test_bar_chart_labels_bars_and_ticks_in_plain_numbers():
     df = pd.DataFrame({"name": ["a", "b"], "tok": [75940.0, 675282.0]})
-    ax = plots.bar_chart(df, "name", "tok", ylabel="tokens/s")
+    ax = results.bar_chart(df, "name", "tok", ylabel="tokens/s")
     ax.figure.canvas.draw()
     assert [t.get_text() for t in ax.texts] == ["75,940", "675,282"]
     ticks = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
@@ -32,7 +32,7 @@ def test_bar_chart_labels_bars_and_ticks_in_plain_numbers():
 def test_difference_chart_draws_each_run_minus_the_baseline():
     df = pd.DataFrame({"step": [1, 2, 3] * 3, "loss": [3, 2, 1, 3.5, 2.0, 0.9, 3, 2, 1],
                        "run": ["base"] * 3 + ["a"] * 3 + ["b"] * 3})
-    ax = plots.difference_chart(df, "step", "loss", hue="run", baseline="base",
+    ax = results.difference_chart(df, "step", "loss", hue="run", baseline="base",
                                 xlabel="step", ylabel="loss - base")
     lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()
              if not line.get_label().startswith("_")}
