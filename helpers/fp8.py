@@ -3,7 +3,7 @@
 - torchao: :func:`torchao_problem` ('' or one sentence with the install command), with the
   import-time log lines that say nothing about this course quieted (:func:`quiet_torchao`);
 - (what this machine can run - FP8 tensor cores, a working torchao - is the course's one check,
-  ``machine.needs(fp8=True, torchao=True)``);
+  ``machine.needs(fp8=True, lacking=fp8.torchao_lack())``);
 - the formats (:func:`formats_table`), the scale amax / finfo.max (:func:`scale`) and the
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
 - the width sweep: one Linear's forward + backward timed (:func:`time_case`), its table with
@@ -76,6 +76,11 @@ def torchao_version() -> str | None:
         return importlib.metadata.version("torchao")
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def torchao_lack() -> str:
+    """'' when torchao works here, else the clause for ``machine.needs(lacking=...)``."""
+    return f"torchao {TORCHAO_PIN} ({INSTALL})" if torchao_problem() else ""
 
 
 def torchao_problem() -> str:

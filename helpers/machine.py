@@ -282,14 +282,10 @@ def fp8_missing() -> str:
 
 
 def missing(*, cuda: bool = False, bf16: bool = False, apex: tuple[str, ...] = (),
-            legacy_amp: bool = False, fp8: bool = False, torchao: bool = False) -> str:
-    """What a cell needs and this machine lacks, with the fix, as one clause ('' if nothing)."""
-    lacks: list[str] = []
-    if torchao:
-        from helpers.fp8 import INSTALL, TORCHAO_PIN, torchao_problem  # notebook 06's package
-
-        if torchao_problem():
-            lacks.append(f"torchao {TORCHAO_PIN} ({INSTALL})")
+            legacy_amp: bool = False, fp8: bool = False, lacking: str = "") -> str:
+    """What a cell needs and this machine lacks, with the fix, as one clause ('' if nothing).
+    ``lacking`` is a chapter's own clause to add, e.g. ``fp8.torchao_lack()``."""
+    lacks: list[str] = [lacking] if lacking else []
     if fp8 and (hardware := fp8_missing()):
         lacks.append(hardware)
     if (cuda or bf16 or apex or legacy_amp) and not cuda_available():

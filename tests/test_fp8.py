@@ -145,7 +145,8 @@ def test_missing_torchao_is_one_sentence_with_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", absent)
     said = fp8.torchao_problem()
     assert said.startswith("torchao is not installed") and "pip install torchao==0.18.0" in said
-    assert machine.missing(torchao=True) == "torchao 0.18.0 (pip install torchao==0.18.0)"
+    assert machine.missing(lacking=fp8.torchao_lack()) == (
+        "torchao 0.18.0 (pip install torchao==0.18.0)")
 
 
 def test_torchao_that_fails_to_import_is_one_sentence(monkeypatch):
