@@ -233,7 +233,8 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
                   "init_device_mesh(device.type", "model.no_sync()",
                   "set_requires_gradient_sync(", "AdamW(param_groups(model), fused=True",
                   "torch.autocast(", "clip_grad_norm_(", "gpt.BatchPlan.draw(",
-                  "dist.all_reduce(losses)", "if rank == 0:"):
+                  "dist.all_reduce(losses)", "if rank == 0:",
+                  "machine.cap_gpu_memory(local_rank)"):
         assert piece in script, piece
 
 
