@@ -20,16 +20,17 @@ readonly MAX_PARALLEL_EXT=8  # extensions compiled at once (APEX_PARALLEL_BUILD 
 
 # Build-time figures for the estimate printed before a build, from builds on NVIDIA H200 machines
 # with 16 CPUs (TORCH_CUDA_ARCH_LIST=9.0a, torch 2.11 + CUDA 13.0), timed with bash's `time`:
-# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), two builds on
-#   2026-12-01: with --course-only, 598 s user + 47 s sys of CPU time and 248 s wall, because
-#   that build still spread its jobs over 8 extensions (2 per extension; fixed since: see
-#   PARALLEL_BUILD below); with all 48 jobs on them, 541 s user + 45 s sys and 126 s wall;
+# - the three extensions the course uses (amp_C, apex_C, fused_layer_norm_cuda), three builds on
+#   2026-12-01: with --course-only as it is now (APEX_PARALLEL_BUILD=3 MAX_JOBS=5), 496 s user +
+#   42 s sys of CPU time and 117 s wall - the figures used below; before that, with --course-only
+#   still spreading its jobs as for 8 extensions (2 each), 598 s user + 47 s sys and 248 s wall;
+#   and with all 48 jobs on them, 541 s user + 45 s sys and 126 s wall;
 # - the full core build (APEX_CPP_EXT=1 APEX_CUDA_EXT=1, about 30 extensions, the default),
 #   APEX_PARALLEL_BUILD=8 MAX_JOBS=2, one build on 2026-12-01: 246 s wall, 1417 s user + 103 s
 #   sys of CPU time.
 readonly EST_CPUS=16                 # CPUs of the machine the figures come from
-readonly EST_COURSE_EXT_CPU_S=645    # CPU-seconds (598 user + 47 sys, --course-only) per architecture
-readonly EST_COURSE_EXT_WALL_S=126   # the fastest wall seconds per architecture (the model's floor)
+readonly EST_COURSE_EXT_CPU_S=538    # CPU-seconds (496 user + 42 sys, --course-only) per architecture
+readonly EST_COURSE_EXT_WALL_S=117   # its wall seconds per architecture (the model's floor)
 readonly EST_FULL_CPU_S=1520         # full build: CPU-seconds (1417 user + 103 sys) per architecture
 readonly EST_FULL_WALL_S=246         # full build: wall seconds per architecture (its floor)
 # The extensions the course imports: what --course-only builds, and what verification checks.
@@ -77,7 +78,7 @@ Options:
                   script at once.
   --force         Rebuild even if the same verified commit is already installed.
   --course-only   Build only the extensions the course uses (${COURSE_EXTENSIONS//,/, }),
-                  about 2.4x less CPU time than the full build (see the estimate below):
+                  about 2.8x less CPU time than the full build (see the estimate below):
                   the choice for a machine with few CPUs. Apex's setup.py has no option for
                   this, so the script filters its extension list in the staged copy it builds
                   (the source folder itself is never changed); other fused kernels of Apex

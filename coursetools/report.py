@@ -55,7 +55,7 @@ def notebook_records(runs: list[runner.NotebookRun], env: dict) -> dict:
     return {r.name: {"ok": r.ok, "status": r.status, "seconds": round(r.seconds, 1),
                      "peak_gpu_gib": None if r.peak_gpu_gib is None else round(r.peak_gpu_gib, 2),
                      "parameters": r.parameters or {}, "course_commit": env.get("course_commit"),
-                     "date": env.get("date")}
+                     "apex_commit": env.get("apex_commit"), "date": env.get("date")}
             for r in runs}
 
 
@@ -63,9 +63,12 @@ def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile:
                   previous: dict | None = None, parameters: dict | None = None) -> dict:
     """Collect the figures the README and later runs compare against. With ``previous`` (the
     summary of the report these runs were merged into), the notebooks not run now keep their
-    records."""
+    records, and the report's Apex stays the one it was built with when these runs had none
+    (06 and 07 do not import Apex: a re-run of them on a machine without it must not erase it);
+    each notebook's record names the Apex it ran with."""
     results = out / "results"
-    notebooks = dict((previous or {}).get("notebooks", {}))
+    previous = previous or {}
+    notebooks = dict(previous.get("notebooks", {}))
     notebooks.update(notebook_records(runs, env))
     notebooks = dict(sorted(notebooks.items()))
     return {
@@ -73,8 +76,9 @@ def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile:
         "driver": env.get("driver"),
         "torch": env.get("torch"),
         "cuda": env.get("torch_cuda"),
-        "apex_commit": env.get("apex_commit"),
-        "apex_extensions": env.get("apex_extensions"),
+        "apex_commit": env.get("apex_commit") or previous.get("apex_commit"),
+        "apex_extensions": (env.get("apex_extensions") if env.get("apex_commit")
+                            else previous.get("apex_extensions")),
         "course_commit": env.get("course_commit"),
         "date": env.get("date"),
         "profile": profile,
@@ -141,10 +145,11 @@ def readme_table(summary: dict) -> str:
     """The README's headline: notebook 05's paths on the reference GPU."""
     ran = summary.get("notebooks", {}).get("05_end_to_end_transformer.ipynb", {})  # its own run
     commit = ran.get("course_commit", summary["course_commit"])
+    apex = ran.get("apex_commit", summary["apex_commit"])
     date = ran.get("date", summary["date"])
     lines = [
         f"Measured on **{summary['gpu_name']}** (driver {summary['driver']}), torch "
-        f"{summary['torch']} + CUDA {summary['cuda']}, Apex `{(summary['apex_commit'] or '?')[:8]}`"
+        f"{summary['torch']} + CUDA {summary['cuda']}, Apex `{(apex or '?')[:8]}`"
         f", course commit `{commit}`, {date[:10]}.",
         "",
         "| path | step (ms) | tokens/s | MFU | peak mem (GiB) | val loss | speedup vs FP32 |",

@@ -671,9 +671,9 @@ def test_install_hints_read_the_pins_of_requirements_txt(box: Sandbox) -> None:
 def test_estimate_constants_are_at_the_top_with_their_source() -> None:
     head = SCRIPT.read_text().split("usage() {", 1)[0]
     assert "2026-12-01" in head and "16 CPUs" in head and "H200" in head
-    assert "1417 s user + 103 s" in head and "598 s user + 47 s sys" in head
-    for const, value in (("EST_CPUS", "16"), ("EST_COURSE_EXT_CPU_S", "645"),
-                         ("EST_COURSE_EXT_WALL_S", "126"), ("EST_FULL_CPU_S", "1520"),
+    assert "1417 s user + 103 s" in head and "496 s user +\n#   42 s sys" in head
+    for const, value in (("EST_CPUS", "16"), ("EST_COURSE_EXT_CPU_S", "538"),
+                         ("EST_COURSE_EXT_WALL_S", "117"), ("EST_FULL_CPU_S", "1520"),
                          ("EST_FULL_WALL_S", "246")):  # fmt: skip
         assert re.search(rf"^readonly {const}={value}\b", head, re.M), const
 
@@ -681,14 +681,14 @@ def test_estimate_constants_are_at_the_top_with_their_source() -> None:
 @pytest.mark.parametrize(
     ("cpus", "mem", "arch", "expected"),
     [
-        # (598 + 47) CPU-s / 2 jobs = 322 s; (1417 + 103) / 2 = 760 s
-        ("2", "8.0", None, ("about 5 min on 2 CPUs for 1 architecture(s) with --course-only",
+        # (496 + 42) CPU-s / 2 jobs = 269 s; (1417 + 103) / 2 = 760 s
+        ("2", "8.0", None, ("about 4 min on 2 CPUs for 1 architecture(s) with --course-only",
                             "about 13 min for the full build", "/ 2 jobs")),
-        # 645 / 16 < 126 s measured wall, x 2 architectures; 1520 / 16 < 246 s, x 2
+        # 538 / 16 < 117 s measured wall, x 2 architectures; 1520 / 16 < 246 s, x 2
         ("16", "100.0", "8.0;9.0", ("about 4 min on 16 CPUs for 2 architecture(s)",
                                     "about 8 min for the full build")),
         # memory allows 2 jobs on 8 CPUs: the jobs, not the CPUs, divide
-        ("8", "9.0", None, ("about 5 min on 8 CPUs for 1 architecture(s)",
+        ("8", "9.0", None, ("about 4 min on 8 CPUs for 1 architecture(s)",
                             "about 13 min for the full build")),
     ],
 )
@@ -710,7 +710,7 @@ def test_estimate_is_printed_before_the_build(box: Sandbox) -> None:
     assert result.returncode == 4  # the fake git refuses the clone that follows
     lines = result.stdout.splitlines()
     starts = [i for i, ln in enumerate(lines)
-              if ln.startswith("build_apex.sh: estimate: about 5 min")]
+              if ln.startswith("build_apex.sh: estimate: about 4 min")]
     assert len(starts) == 1, result.stdout
     assert lines[starts[0] - 1].startswith("  marker:")  # right after the plan, before the clone
 
@@ -721,7 +721,7 @@ def test_readme_estimate_for_two_cpus_is_the_scripts(box: Sandbox) -> None:
     box.probe.update(cpu_count="2", mem_free_gib="8.0")
     estimate = plan(box.run("--dry-run"))["estimate"]
     minutes = re.findall(r"about (\d+) min", estimate)
-    assert minutes == ["5", "13"], estimate
+    assert minutes == ["4", "13"], estimate
     for value in minutes:
         assert f"about {value} min" in section, value
     assert "estimate" in section and "--course-only" in section

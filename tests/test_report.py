@@ -163,6 +163,7 @@ def test_rerunning_some_notebooks_keeps_the_others_and_says_which_commit_ran_whi
     assert records[NOTEBOOK_NAMES[1]] == {"ok": True, "status": "ok", "seconds": 3.0,
                                           "peak_gpu_gib": 1.23,
                                           "parameters": {}, "course_commit": "def456",
+                                          "apex_commit": env["apex_commit"],
                                           "date": env["date"]}
     assert summary["optimizer_step"][0]["median_ms"] == 1.5
     assert summary["notebook_seconds"][NOTEBOOK_NAMES[0]] == 10.0
@@ -174,3 +175,25 @@ def test_rerunning_some_notebooks_needs_the_report_they_join(tmp_path, monkeypat
     code = report.main([str(runner.NOTEBOOKS / NOTEBOOK_NAMES[0]), "--out", str(tmp_path / "x")])
     assert code == 2
     assert "needs the report they join" in capsys.readouterr().err
+
+
+def test_a_rerun_without_apex_keeps_the_reports_apex_and_says_it_had_none(tmp_path):
+    """Notebooks 06 and 07 re-run on a machine where Apex is not installed: the report keeps the
+    Apex its other notebooks ran with, the re-run records say they had none, and the headline
+    names the Apex of notebook 05's own run."""
+    out = _fake_run(tmp_path)
+    first = [runner.NotebookRun(name, 10.0, True, out / name) for name in NOTEBOOK_NAMES]
+    previous = report.build_summary(out, first, dict(_env(), apex_extensions={"amp_C": True}),
+                                    "full")
+    rerun = [runner.NotebookRun(NOTEBOOK_NAMES[-1], 3.0, True, out / NOTEBOOK_NAMES[-1])]
+    bare = dict(_env(), apex_commit=None, apex_extensions={}, course_commit="def456")
+    summary = report.build_summary(out, rerun, bare, "full", previous)
+    assert summary["apex_commit"] == _env()["apex_commit"]
+    assert summary["apex_extensions"] == {"amp_C": True}
+    assert summary["notebooks"][NOTEBOOK_NAMES[-1]]["apex_commit"] is None
+    assert summary["notebooks"][NOTEBOOK_NAMES[0]]["apex_commit"] == _env()["apex_commit"]
+    assert f"Apex `{_env()['apex_commit'][:8]}`" in report.readme_table(summary)
+    with_apex = dict(_env(), apex_commit="0123456789ab", apex_extensions={"amp_C": False})
+    summary = report.build_summary(out, rerun, with_apex, "full", previous)
+    assert summary["apex_commit"] == "0123456789ab"  # a re-run that had Apex names its own
+    assert summary["apex_extensions"] == {"amp_C": False}
