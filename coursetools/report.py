@@ -126,9 +126,15 @@ def validate_summary(summary: dict) -> list[str]:
     if not isinstance(summary, dict):
         return ["it holds no JSON object"]
     problems = [f"missing key '{k}'" for k in SUMMARY_KEYS if k not in summary]
-    for index, row in enumerate(summary.get("transformer_paths", [])):
+    paths, seconds = summary.get("transformer_paths", []), summary.get("notebook_seconds", {})
+    if not isinstance(paths, list) or not all(isinstance(row, dict) for row in paths):
+        return problems + ["transformer_paths must be a list of rows (JSON objects)"]
+    if not isinstance(seconds, dict):
+        return problems + ["notebook_seconds must map each notebook to its seconds"]
+    for index, row in enumerate(paths):
         problems += [f"transformer_paths[{index}] lacks '{k}'" for k in PATH_KEYS if k not in row]
-    seconds = summary.get("notebook_seconds", {})
+        problems += [f"transformer_paths[{index}]['{k}'] is not a number" for k in PATH_KEYS[3:]
+                     if not isinstance(row.get(k), int | float | None)]
     wanted = sorted(p.name for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
     if sorted(seconds) != wanted:
         lacking = sorted(set(wanted) - set(seconds)) or sorted(set(seconds) - set(wanted))
@@ -216,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{out / 'summary.json'} is missing or unreadable: run `make report` first.",
                   file=sys.stderr)
             return 2
-    problem = (runner.out_problem(out) or runner.params_problem(notebooks, args.param)
-               or next((f"no such notebook: {p}" for p in notebooks if not p.exists()), ""))
+    problem = (next((f"no such notebook: {p}" for p in notebooks if not p.exists()), "")
+               or runner.out_problem(out) or runner.params_problem(notebooks, args.param))
     if problem:
         print(f"report: error: {problem}", file=sys.stderr)
         return 2

@@ -362,7 +362,10 @@ def params_problem(paths: list[Path], items: list[str]) -> str:
     """'' when every --param parses and some notebook defines it, else the one sentence."""
     try:
         params = parse_params(items)
-        unknown = unknown_params(paths, params)
+        if "profile" in params:  # the run's profile, which the report records, is its own option
+            return ("--param profile=... is refused: choose the profile with --profile (make "
+                    "PROFILE=...), which the run records")
+        unknown = unknown_params(paths, params) if params else []
         if params and not unknown:
             from papermill.parameterize import parameterize_notebook  # noqa: F401
     except ParameterError as exc:

@@ -432,23 +432,21 @@ def test_gpu_memory_cap_sets_the_fraction_and_says_so(monkeypatch):
     a value that is no positive number stops in one sentence."""
     import types
 
-    profile_mod = machine
-
     set_to = {}
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda _d: types.SimpleNamespace(total_memory=140 * 2**30))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda f, d=None: set_to.update(fraction=f))
-    monkeypatch.setenv(profile_mod.MEMORY_VAR, "15")
-    chosen = profile_mod.resolve("smoke", cuda=True)
+    monkeypatch.setenv(machine.MEMORY_VAR, "15")
+    chosen = machine.resolve("smoke", cuda=True)
     assert set_to["fraction"] == pytest.approx(15 / 140)
     assert "GPU memory capped at 15.0 GiB of this GPU's 140.0 GiB" in chosen.describe()
-    monkeypatch.setenv(profile_mod.MEMORY_VAR, "500")  # more than the card: the whole card
-    profile_mod.cap_gpu_memory()
+    monkeypatch.setenv(machine.MEMORY_VAR, "500")  # more than the card: the whole card
+    machine.cap_gpu_memory()
     assert set_to["fraction"] == 1.0
     for bad in ("fifteen", "0", "-3"):
-        monkeypatch.setenv(profile_mod.MEMORY_VAR, bad)
-        with pytest.raises(profile_mod.ProfileError, match="is not a positive number of GiB"):
-            profile_mod.resolve("smoke", cuda=True)
-    monkeypatch.delenv(profile_mod.MEMORY_VAR)
-    assert profile_mod.resolve("smoke", cuda=True).memory_cap == ""
+        monkeypatch.setenv(machine.MEMORY_VAR, bad)
+        with pytest.raises(machine.ProfileError, match="is not a positive number of GiB"):
+            machine.resolve("smoke", cuda=True)
+    monkeypatch.delenv(machine.MEMORY_VAR)
+    assert machine.resolve("smoke", cuda=True).memory_cap == ""

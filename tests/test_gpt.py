@@ -493,7 +493,8 @@ def test_the_full_batch_fits_the_gpu(usable, batch):
 def test_usable_gpu_memory_follows_the_per_process_fraction(monkeypatch):
     from types import SimpleNamespace
 
-    assert machine.usable_gpu_gib() is None  # no GPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert machine.usable_gpu_gib() is None  # no GPU: nothing to size by
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties",

@@ -197,3 +197,26 @@ def test_a_rerun_without_apex_keeps_the_reports_apex_and_says_it_had_none(tmp_pa
     summary = report.build_summary(out, rerun, with_apex, "full", previous)
     assert summary["apex_commit"] == "0123456789ab"  # a re-run that had Apex names its own
     assert summary["apex_extensions"] == {"amp_C": False}
+
+
+@pytest.mark.parametrize("broken", [{"transformer_paths": None}, {"notebook_seconds": 5},
+                                    {"transformer_paths": [1]},
+                                    {"transformer_paths": [{"step_ms": "fast"}]}])
+def test_a_malformed_summary_is_one_sentence(tmp_path, capsys, broken):
+    good = report.build_summary(_fake_run(tmp_path), [], _env(), "full")
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({**good, **broken}))
+    assert report.main(["--readme-table", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"report: error: {path} is not a usable summary.json")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_a_missing_notebook_is_named_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(report.machine, "cuda_available", lambda: True)
+    monkeypatch.setattr(report.environment, "environment_report", _env)
+    out = _fake_run(tmp_path / "report")
+    (out / "summary.json").write_text("{}")
+    code = report.main([str(runner.NOTEBOOKS / "06_typo.ipynb"), "--out", str(out)])
+    assert code == 2
+    assert "no such notebook:" in capsys.readouterr().err

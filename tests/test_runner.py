@@ -87,6 +87,8 @@ def test_param_no_notebook_defines_is_refused_before_any_run(tmp_path, capsys):
     assert "no notebook here has a parameter 'amp_dtyp'" in err
     assert not (tmp_path / "out").exists()
     assert runner.params_problem([nb], ["no-equals-sign"]).startswith("--param 'no-equals-sign'")
+    # the profile is the run's own option (the report records it), never a --param
+    assert runner.params_problem([nb], ["profile=smoke"]).startswith("--param profile=... is ref")
 
 
 def test_gpu_sampler_reports_the_peak_of_its_window(monkeypatch):
