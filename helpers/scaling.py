@@ -48,6 +48,8 @@ LAUNCHER = [sys.executable, "-m", "torch.distributed.run"]  # what the torchrun 
 
 def launch_problem(backend: str, nproc: int) -> str:
     """'' when ``nproc`` ranks of ``backend`` can start here, else the one sentence why not."""
+    if nproc < 1:
+        return f"{nproc} ranks cannot start: ask for at least 1"
     if not dist.is_available():
         return "this torch has no torch.distributed: install a torch build that includes it"
     if backend == "nccl":
@@ -224,6 +226,16 @@ def _finish(result: Launch, proc: subprocess.Popen, logs: tuple, deadline: float
 _ERROR_LINE = re.compile(r"^(?:\[rank(\d+)\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)$")
 
 
+def _last_said(stderr: str) -> list[str]:
+    """The last line the ranks wrote before torchrun's own report, tracebacks' frames left out
+    (``machine.stop`` in a rank, for one, ends it with its sentence alone)."""
+    said = []
+    for line in stderr.split(" failed (exitcode", 1)[0].splitlines()[:-1]:
+        if line.strip() and not line.startswith((" ", "Traceback", "[W", "W1", "E1", "I1")):
+            said.append(line.strip())
+    return said[-1:]
+
+
 def failure_sentence(stderr: str, returncode: int | None) -> str:
     """One sentence for a failed launch, read from what torchrun wrote to stderr."""
     if "EADDRINUSE" in stderr or "address already in use" in stderr.lower():
@@ -242,6 +254,8 @@ def failure_sentence(stderr: str, returncode: int | None) -> str:
               if m and "ChildFailedError" not in m.group(2)]  # not torchrun's own summary
     if rank and code:
         mine = [m.group(2) for m in errors if m.group(1) == rank.group(1)]
+        if not mine:  # a rank that failed before its process group: its lines carry no [rankN]
+            mine = [m.group(2) for m in errors if m.group(1) is None] or _last_said(stderr)
         killed = int(code.group(1)) < 0
         how = (f"was killed by signal {-int(code.group(1))}" if killed
                else f"exited with code {code.group(1)}")

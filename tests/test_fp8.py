@@ -427,3 +427,17 @@ def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
             warnings.warn_explicit("invalid escape sequence '\\.'", category,
                                    "/site/mine/model.py", 7)
     assert [w.filename for w in seen] == ["/site/mine/model.py"] * 2
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ("widths = None", "widths = (1000, 768)",
+     "SystemExit: widths holds [1000]: FP8 matrix products need multiples of 16"),
+    ('recipes = ("tensorwise", "rowwise")', "recipes = ()", "SystemExit: recipes is empty")])
+def test_widths_fp8_cannot_multiply_and_no_recipe_stop_in_one_sentence(tmp_path, old, new, said):
+    from coursetools import runner
+
+    run = runner.execute(_notebook_with(tmp_path, (old, new)), tmp_path / "out",
+                         profile="smoke", timeout=120)
+    assert not run.ok and run.error.startswith(said), run.error
+    assert not list((tmp_path / "out" / "results").glob("06_*"))  # refused before any work

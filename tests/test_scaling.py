@@ -161,6 +161,33 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path
     assert launch.seconds < 60, "the waiting rank was not stopped when its partner died"
 
 
+@pytest.mark.parametrize(("body", "said"), [
+    ("plan = {}\nplan['missing']\n", "its last error: KeyError: 'missing'"),
+    ("from helpers import machine\nmachine.stop('COURSE_GPU_MEMORY_GIB=x is not a number')\n",
+     "its last error: COURSE_GPU_MEMORY_GIB=x is not a number")])
+def test_a_rank_that_fails_before_its_process_group_names_its_error(tmp_path, body, said):
+    """Lines written before init_process_group carry no [rankN] prefix: the sentence still
+    quotes the error (a KeyError), or the one sentence a rank stopped with (machine.stop)."""
+    (tmp_path / "early.py").write_text(body)
+    launch = scaling.launch(tmp_path / "early.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
+                            timeout=60)
+    assert not launch.ok and launch.error.endswith(said), launch.error
+    assert scaling.launch_problem("gloo", 0).startswith("0 ranks cannot start")
+
+
+@pytest.mark.notebook
+def test_a_parameter_below_one_stops_the_notebook_in_one_sentence(tmp_path):
+    from coursetools import runner
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    params.source = params.source.replace("max_gpus = 8", "max_gpus = 0")
+    nbformat.write(nb, tmp_path / NOTEBOOK.name)
+    run = runner.execute(tmp_path / NOTEBOOK.name, tmp_path / "out", profile="smoke",
+                         timeout=120)
+    assert not run.ok and run.error.startswith("SystemExit: max_gpus must be at least 1"), run.error
+
+
 def test_a_port_in_use_is_one_sentence(tmp_path):
     (tmp_path / "sleeps.py").write_text(SLEEPS)
     with socket.socket() as taken:
@@ -382,6 +409,12 @@ def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(launched):
         assert all(math.isfinite(v) for v in run.losses) and run.losses[-1] < run.losses[0]
     assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, runs["fsdp2"].losses,
                                           strict=True)) < 1e-3
-    plain = {r.extra["variant"]: r for r in split.runs()}["ddp"]
-    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, plain.losses, strict=True)) > 1e-6
+    fp32 = {r.extra["variant"]: r for r in split.runs()}
+    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, fp32["ddp"].losses,
+                                          strict=True)) > 1e-6
+    for variant, run in runs.items():  # the scaler was on, and unscaled the grads before clipping
+        assert run.extra["loss_scale"] > 1 and fp32[variant].extra["loss_scale"] is None
+        norms = zip(run.extra["grad_norms"], fp32[variant].extra["grad_norms"], strict=True)
+        worst = max(abs(a - b) / b for a, b in norms)
+        assert worst < 0.05, f"{variant}: fp16 gradient norms {worst:.1%} off the fp32 ones"
 
