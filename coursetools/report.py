@@ -8,7 +8,8 @@ write ``summary.json``; render the README's headline table from it.
 
 Naming notebooks re-runs only those into an existing report: they run beside a copy of the
 report's results (so notebook 07 reads 05's table), their executed copies and their ``NN_*``
-results replace the old ones, and ``summary.json`` records each notebook's own course commit,
+results replace the old ones (unless a re-run failed where the report holds a good earlier run,
+which then stays), and ``summary.json`` records each notebook's own course commit,
 time and GPU memory (``notebooks``), so a report never mixes runs without saying so.
 """
 
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: error: {problem}", file=sys.stderr)
         return 2
     params = runner.parse_params(args.param)
+    kept = []  # re-runs that failed where the report holds a good earlier run: that one stays
     if previous is None:
         runs = runner.run_into(notebooks, out, profile=args.profile, keep_previous=False,
                                params=params)
@@ -236,11 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(staging, ignore_errors=True)
         if (out / "results").is_dir():  # the other notebooks' tables, for the ones re-run to read
             shutil.copytree(out / "results", staging / "results")
+        runs = []
         try:
             runs = runner.run_all(notebooks, staging, profile=args.profile, params=params)
         finally:
-            merge_into(out, staging, [p.name for p in notebooks])
-    summary = build_summary(out, runs, env, args.profile, previous, params)
+            kept = [r for r in runs if not r.ok and (out / r.name).exists()
+                    and previous.get("notebooks", {}).get(r.name, {}).get("ok")]
+            merge_into(out, staging, [r.name for r in runs if r not in kept])
+        for run in kept:
+            print(f"report: {run.name} {run.status} in this re-run ({run.error or 'see above'}); "
+                  "the report keeps its earlier run of it", file=sys.stderr)
+    recorded = [r for r in runs if r not in kept]
+    summary = build_summary(out, recorded, env, args.profile, previous, params)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(runner.summary(runs))
     print(f"\nreport written to {out}; README table:\n\n{readme_table(summary)}")
@@ -248,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"report: summary problem: {problem}", file=sys.stderr)
     return 0 if all(r.ok for r in runs) and not problems else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

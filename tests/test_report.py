@@ -220,3 +220,29 @@ def test_a_missing_notebook_is_named_before_anything_runs(tmp_path, monkeypatch,
     code = report.main([str(runner.NOTEBOOKS / "06_typo.ipynb"), "--out", str(out)])
     assert code == 2
     assert "no such notebook:" in capsys.readouterr().err
+
+
+def test_a_failed_rerun_keeps_the_reports_good_earlier_run(tmp_path, monkeypatch, capsys):
+    """Re-running 02 fails: the report keeps its earlier, good copy, results and record, says so
+    in one line, and the command exits 1."""
+    monkeypatch.setattr(report.machine, "cuda_available", lambda: True)
+    monkeypatch.setattr(report.environment, "environment_report", _env)
+    out = _fake_run(tmp_path / "report")
+    first = [runner.NotebookRun(name, 10.0, True, out / name) for name in NOTEBOOK_NAMES]
+    (out / "summary.json").write_text(json.dumps(report.build_summary(out, first, _env(), "full")))
+    name = NOTEBOOK_NAMES[1]
+    (out / name).write_text("good 02")
+
+    def failing_run_all(paths, staging, **_kw):
+        (staging / name).write_text("failed 02")
+        (staging / "results" / "02_optimizer_step.csv").write_text("candidate\n")
+        return [runner.NotebookRun(name, 1.0, False, staging / name, error="boom")]
+
+    monkeypatch.setattr(report.runner, "run_all", failing_run_all)
+    assert report.main([str(runner.NOTEBOOKS / name), "--out", str(out)]) == 1
+    assert (out / name).read_text() == "good 02"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["notebooks"][name]["ok"] and summary["optimizer_step"][0]["median_ms"] == 2.0
+    assert f"report: {name} FAILED in this re-run (boom); the report keeps its earlier run" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "report.partial").exists()
