@@ -246,3 +246,36 @@ def test_a_failed_rerun_keeps_the_reports_good_earlier_run(tmp_path, monkeypatch
     assert f"report: {name} FAILED in this re-run (boom); the report keeps its earlier run" in (
         capsys.readouterr().err)
     assert not (tmp_path / "report.partial").exists()
+
+
+def test_readme_figures_of_06_07_and_the_rehearsals_come_from_their_runs():
+    """The 06 and 07 paragraph quotes the reference summary; each cell of the rehearsal table
+    is that run's seconds / GPU GiB, from summary.json and the rehearsals' runs.json."""
+    reference = ROOT / "reports" / "h200" / "summary.json"
+    if not reference.exists():
+        pytest.skip("no reference run committed")
+    summary = json.loads(reference.read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = " ".join(readme.split("### Notebooks 06 and 07 on the H200", 1)[1]
+                       .split("After a review", 1)[0].split())
+    for row in summary["fp8_sweep"]:
+        if row["recipe"] != "bf16" and row["in_features"] == row["out_features"]:
+            assert f"{row['ratio_vs_bf16']:.2f}x" in section, row
+    for row in summary["fp8_end_to_end"]:
+        assert f"{row['step_ms']:.1f} ms" in section and f"{100 * row['mfu']:.1f}%" in section, row
+        if row["recipe"] != "bf16":
+            assert f"{row['speedup_vs_bf16']:.2f}x" in section, row
+    for row in summary["scaling_overhead"]:
+        assert f"{row['step_ms']:.1f} ms" in section, row
+        if row["variant"] != "plain":
+            assert f"{row['overhead_pct']:+.1f}%" in section, row
+    rows = readme.split("| notebook | reference: s / GPU GiB", 1)[1].splitlines()[2:9]
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in rows}
+    for name, record in summary["notebooks"].items():
+        assert table[name[:2]][0] == f"{record['seconds']:.1f} / {record['peak_gpu_gib']:.1f}"
+    for column, folder in ((1, "gpu-memory-15gib"), (2, "amp-fp16")):
+        runs = json.loads((ROOT / "reports" / "h200-rehearsals" / folder / "runs.json").read_text())
+        for run in runs["notebooks"]:
+            assert table[run["name"][:2]][column] == (
+                f"{run['seconds']:.1f} / {run['peak_gpu_gib']:.1f}"), (folder, run["name"])
