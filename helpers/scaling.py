@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from helpers import bench, gpt, machine
+from helpers import bench, ceilings, gpt, machine
 from helpers.results import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -535,8 +535,11 @@ NVLINK_GBPS = {"H200": (900.0, "NVIDIA H200 Tensor Core GPU datasheet (NVLink: 9
 
 def datasheet_link(device_name: str | None) -> tuple[float, str]:
     """GB/s one GPU can send (half the datasheet's two-way NVLink figure) and the source; the
-    H200's where the GPU is not in the table."""
-    key = next((k for k in NVLINK_GBPS if device_name and k in device_name), None)
+    H200's where the GPU is not in the table. The table's figures are the SXM boards': a PCIe
+    card, whose GPUs talk over PCIe or an NVLink bridge, is not matched."""
+    pcie = device_name is not None and ceilings.datasheet_match("PCIe", device_name)
+    key = next((k for k in NVLINK_GBPS
+                if device_name and not pcie and ceilings.datasheet_match(k, device_name)), None)
     both, source = NVLINK_GBPS[key or "H200"]
     where = "" if key else f" - not this machine's ({device_name or 'no GPU'}): the H200's"
     return both / 2, f"datasheet value: {source}, half of it per direction{where}"

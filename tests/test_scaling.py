@@ -325,6 +325,9 @@ def test_datasheet_link_is_labelled_and_halved():
     assert gbps == 450.0 and source.startswith("datasheet value: NVIDIA H200")
     gbps, source = scaling.datasheet_link(None)
     assert gbps == 450.0 and "not this machine's" in source
+    assert scaling.datasheet_link("NVIDIA A100-SXM4-80GB")[0] == 300.0
+    for pcie in ("NVIDIA H100 PCIe", "NVIDIA A100 80GB PCIe"):  # no SXM NVLink figure for them
+        assert "not this machine's" in scaling.datasheet_link(pcie)[1], pcie
 
 
 def test_compute_time_from_notebook_05_only_when_it_matches(tmp_path):
