@@ -55,8 +55,9 @@ def full_batch(usable_gib: float | None, headroom: float = 0.85) -> tuple[int, s
         predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
     why = ("the full profile's" if batch == FULL_BATCH else
            f"halved from {FULL_BATCH} to fit this GPU")
-    return batch, (f"batch {batch} sequences ({why}: the FP32 path is predicted to peak at "
-                   f"{predicted:.1f} GiB of the {usable_gib:.1f} GiB this process may use)")
+    return batch, (f"batch {batch} sequences ({why}: notebook 05's FP32 path, its largest run, "
+                   f"is predicted to peak at {predicted:.1f} GiB of the {usable_gib:.1f} GiB "
+                   "this process may use)")
 
 
 def pad_vocab(vocab: int, multiple: int = 64) -> int:
