@@ -1,31 +1,66 @@
-"""Verdicts with the course's tie rule: "faster", "slower" or "indistinguishable", chosen from
-measured medians and inter-quartile ranges, never written by hand."""
+"""Verdicts read against the noise measured in the same run, never written by hand.
+
+- Timings: "faster", "slower" or "cannot tell apart on this run", from medians and
+  inter-quartile ranges (the tie rule); a timing whose spread is a large share of its median
+  (cold caches, a busy machine) is never turned into a ratio.
+- Losses: a difference between two training runs against the run-to-run noise of the baseline
+  (:class:`NoiseFloor`: the baseline trained again with the same seed), beside the course's
+  2% target.
+"""
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 # Below this relative difference two medians are called a tie, whatever their spreads.
 TIE_FRACTION = 0.03
+# A timing whose IQR is more than this share of its median is too noisy to compare: on a cold
+# first run or a busy machine the medians move by more than the differences they would show.
+SPREAD_LIMIT = 0.25
+
+
+def too_noisy(ms: float, iqr: tuple[float, float] | None, limit: float = SPREAD_LIMIT) -> bool:
+    """True when a timing's IQR is more than ``limit`` of its median (or not finite)."""
+    if iqr is None:
+        return False
+    width = iqr[1] - iqr[0]
+    return not (math.isfinite(width) and math.isfinite(ms)) or width > limit * ms
+
+
+def tie_reason(a_ms: float, b_ms: float, *, a_iqr: tuple[float, float] | None = None,
+               b_iqr: tuple[float, float] | None = None, tie: float = TIE_FRACTION) -> str:
+    """Why two timings cannot be told apart ('' when they can): a spread too wide for its
+    median, medians within ``tie``, or IQRs that overlap."""
+    if a_ms <= 0 or b_ms <= 0:
+        raise ValueError("timings must be positive")
+    for ms, iqr in ((a_ms, a_iqr), (b_ms, b_iqr)):
+        if too_noisy(ms, iqr):
+            return (f"a spread of {(iqr[1] - iqr[0]) / ms:.0%} of its median: cold caches or a "
+                    "busy machine - re-run to compare")
+    if abs(a_ms / b_ms - 1.0) < tie:
+        return f"within {tie:.0%}"
+    if a_iqr is not None and b_iqr is not None and a_iqr[0] <= b_iqr[1] and b_iqr[0] <= a_iqr[1]:
+        return "IQRs overlap"
+    return ""
 
 
 def is_tie(a_ms: float, b_ms: float, *, a_iqr: tuple[float, float] | None = None,
            b_iqr: tuple[float, float] | None = None, tie: float = TIE_FRACTION) -> bool:
-    """True when two timings cannot be told apart: medians within ``tie`` or IQRs overlapping."""
-    if a_ms <= 0 or b_ms <= 0:
-        raise ValueError("timings must be positive")
-    if abs(a_ms / b_ms - 1.0) < tie:
-        return True
-    if a_iqr is not None and b_iqr is not None:
-        return a_iqr[0] <= b_iqr[1] and b_iqr[0] <= a_iqr[1]
-    return False
+    """True when two timings cannot be told apart: a spread over ``SPREAD_LIMIT`` of its
+    median, medians within ``tie``, or IQRs overlapping."""
+    return bool(tie_reason(a_ms, b_ms, a_iqr=a_iqr, b_iqr=b_iqr, tie=tie))
 
 
 def compare(a_name: str, a_ms: float, b_name: str, b_ms: float, *,
             a_iqr: tuple[float, float] | None = None, b_iqr: tuple[float, float] | None = None,
             tie: float = TIE_FRACTION) -> str:
     """One sentence comparing ``a`` with ``b`` from their medians (and IQRs, when given)."""
-    if is_tie(a_ms, b_ms, a_iqr=a_iqr, b_iqr=b_iqr, tie=tie):
-        why = "IQRs overlap" if abs(a_ms / b_ms - 1.0) >= tie else f"within {tie:.0%}"
-        return (f"{a_name} ({a_ms:.3g} ms) and {b_name} ({b_ms:.3g} ms) are indistinguishable "
+    why = tie_reason(a_ms, b_ms, a_iqr=a_iqr, b_iqr=b_iqr, tie=tie)
+    if why:
+        return (f"{a_name} ({a_ms:.3g} ms) and {b_name} ({b_ms:.3g} ms) cannot be told apart "
                 f"on this run ({why})")
     if a_ms < b_ms:
         ratio, word = b_ms / a_ms, "faster"
@@ -112,3 +147,111 @@ def verdict_table(df, by: list[str], *, key: str = "candidate", value: str = "me
         rows.append(row)
     return pd.DataFrame(rows, columns=[*by, "fastest", "tied_with_fastest", "fastest_ms",
                                        *columns])
+
+
+# ------------------------------------------------------------------ losses against their noise
+# The course's target for two training runs that differ only in precision or kernels: final
+# validation losses within 2% of each other.
+LOSS_TOLERANCE = 0.02
+# A loss difference is a finding when it exceeds this multiple of the noise floor. The floor is
+# the largest difference among a few same-seed runs, itself a rough estimate (with four runs,
+# about two standard deviations of one run); twice it is about three standard deviations of the
+# difference between two runs, so a repeat of the whole notebook reads a difference the same way.
+NOISE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The run-to-run noise of a baseline's loss, measured in the same run.
+
+    ``same_seed`` holds the baseline's loss from each of its runs with one seed (the first is
+    the baseline itself): they differ only where the machine does not repeat its arithmetic
+    (reductions in another order on a GPU), so their spread is the noise any comparison of two
+    runs carries. ``other_seed`` is one run with another seed (other initial weights and
+    batches): how far the result moves when the draw changes, for scale."""
+
+    same_seed: tuple[float, ...]
+    other_seed: float | None = None
+    what: str = "the baseline"
+
+    def __post_init__(self) -> None:
+        if len(self.same_seed) < 2:
+            raise ValueError("a noise floor needs the baseline trained at least twice with the "
+                             "same seed")
+
+    @property
+    def baseline(self) -> float:
+        """The baseline's own loss (its first run)."""
+        return self.same_seed[0]
+
+    @property
+    def floor(self) -> float:
+        """The largest difference between two same-seed runs, relative to the baseline."""
+        pairs = itertools.combinations(self.same_seed, 2)
+        return max(abs(a - b) for a, b in pairs) / abs(self.baseline)
+
+    @property
+    def seed_spread(self) -> float:
+        """The other seed's difference from the baseline, relative (NaN without one)."""
+        if self.other_seed is None:
+            return math.nan
+        return abs(self.other_seed - self.baseline) / abs(self.baseline)
+
+    def describe(self) -> str:
+        """One line: what was repeated, the floor, and the other seed's spread."""
+        seed = ("" if self.other_seed is None else
+                f"; another seed moved it by {self.seed_spread:.3%}")
+        return (f"noise floor {self.floor:.3%}: {self.what} trained {len(self.same_seed)} times "
+                f"with the same seed, losses {min(self.same_seed):.4f} to "
+                f"{max(self.same_seed):.4f}{seed}")
+
+
+def beyond_noise(diff: float, floor: float, factor: float = NOISE_FACTOR) -> bool:
+    """True when a difference (any sign, in the floor's unit) exceeds ``factor`` x the floor."""
+    if not (math.isfinite(diff) and math.isfinite(floor)):
+        return False
+    return abs(diff) > factor * floor
+
+
+def noise_reading(diff: float, floor: float, factor: float = NOISE_FACTOR) -> str:
+    """'within noise' or 'beyond noise by Nx the floor' for a difference in the floor's unit."""
+    if not (math.isfinite(diff) and math.isfinite(floor)):
+        return "not measured"
+    if not beyond_noise(diff, floor, factor):
+        return "within noise"
+    if floor == 0:
+        return "beyond noise (this machine repeats runs exactly: the floor is 0)"
+    return f"beyond noise by {abs(diff) / floor:.1f}x the floor"
+
+
+def loss_comparison(losses: dict[str, float], baseline: str, noise: NoiseFloor,
+                    tolerance: float = LOSS_TOLERANCE):
+    """One row per run: its loss, its difference from ``baseline``'s (relative), the floor
+    beside it, the reading against the floor and whether it is within the target."""
+    import pandas as pd
+
+    if baseline not in losses:
+        raise KeyError(f"the baseline {baseline!r} is not among the runs {sorted(losses)}")
+    base = losses[baseline]
+    rows = []
+    for name, loss in losses.items():
+        diff = (loss - base) / abs(base) if math.isfinite(loss) else math.nan
+        rows.append({"run": name, "val_loss": loss, "diff_pct": 100 * diff,
+                     "noise_floor_pct": 100 * noise.floor,
+                     "reading": "baseline" if name == baseline else
+                     noise_reading(diff, noise.floor),
+                     "within_target": bool(abs(diff) <= tolerance) if diff == diff else False})
+    return pd.DataFrame(rows)
+
+
+def loss_sentence(name: str, diff: float, noise: NoiseFloor, *, against: str,
+                  tolerance: float = LOSS_TOLERANCE) -> str:
+    """One sentence: a relative loss difference read against the floor and the target."""
+    target = ("within" if abs(diff) <= tolerance else "NOT within") + f" the {tolerance:.0%} target"
+    return (f"{name}: validation loss {diff:+.3%} vs {against} - {noise_reading(diff, noise.floor)}"
+            f" (floor {noise.floor:.3%}), {target}")
+
+
+def spread_of(values: Sequence[float]) -> float:
+    """Largest minus smallest of ``values`` (0 for one value)."""
+    return max(values) - min(values) if values else math.nan
