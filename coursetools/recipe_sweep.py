@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
               f" / again {again['val_loss']:.4f} ({first['same_seed_spread_pct']:.3f}%)",
               flush=True)
     table = pd.DataFrame([{k: v for k, v in r.items() if not isinstance(v, list)} for r in rows])
-    name = "recipe_studies" if args.studies else "recipe_sweep"
+    stem = "recipe_studies" if args.studies else "recipe_sweep"
     if not args.studies:  # written before the studies, so a failure there keeps the grid
-        table.to_csv(args.out / f"{name}.csv", index=False)
+        table.to_csv(args.out / f"{stem}.csv", index=False)
     if args.studies:
         chosen = dict(lr=args.studies[0], warmup=int(args.studies[1]))
     else:
@@ -177,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "cfg": cfg.__dict__, "batch": batch, "steps": steps,
             "chosen": chosen, "wall_s": time.perf_counter() - started,
             "course_commit": os.environ.get("COURSE_COMMIT", "")}
-    with open(args.out / f"{name}.json", "w") as f:
+    with open(args.out / f"{stem}.json", "w") as f:
         json.dump({"meta": meta, "grid": rows, "studies": studies}, f)
-    print(f"wrote {args.out / name}.* in {meta['wall_s']:.0f} s")
+    print(f"wrote {args.out / stem}.* in {meta['wall_s']:.0f} s")
     return 0 if math.isfinite(base) else 1
 
 
