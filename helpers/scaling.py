@@ -9,6 +9,9 @@
   bytes each rank holds, a timed all-reduce and the rank-0 JSON;
 - the memory and communication model of DDP, ZeRO-1, ZeRO-2 and FSDP2 (ZeRO-3), its tables and
   its chart, and the equivalence check of a distributed run against one process;
+- the noise floor: the baseline trained again in the same launch (same seed, and one other
+  seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
+  verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
 - Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
   with ``ast``, never imported) and in this torch.
 """
@@ -37,7 +40,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from helpers import bench, ceilings, gpt, machine
+from helpers import bench, ceilings, gpt, machine, verdicts
 from helpers.results import atomic_write_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -346,9 +349,11 @@ def meta(device: torch.device) -> dict:
 
 
 def params_path(out: Path | str, variant: str) -> Path:
-    """Where the script saves a variant's final parameters, beside its JSON result."""
+    """Where the script saves a variant's final parameters, beside its JSON result (a name
+    such as 'plain (repeat 1)' becomes 'plain_repeat_1')."""
     out = Path(out)
-    return out.with_name(f"{out.stem}.{variant}.pt")
+    name = re.sub(r"[^\w.-]+", "_", variant).strip("_")
+    return out.with_name(f"{out.stem}.{name}.pt")
 
 
 def write_result(out: Path, payload: dict) -> None:
@@ -386,6 +391,144 @@ def within(row: dict, tolerance: dict[str, float] | None = None) -> bool:
     """True when every measured difference of ``row`` is at most its tolerance (NaN, not
     measured, passes)."""
     return all(not row[k] > limit for k, limit in (tolerance or TOLERANCE).items())
+
+
+# ------------------------------------------------------------------ the noise floor
+# The baseline trained again in the same launch: "plain (repeat k)" with the same seed (what
+# differs between them is the machine's own run-to-run noise: a GPU's reductions do not repeat
+# their order), "plain (seed s)" with another seed (other initial weights and batches: for
+# scale). The script trains each as the wrapper its name starts with, with the plan's "seeds".
+def wrapper_of(variant: str) -> str:
+    """The wrapper a variant trains with: 'plain (repeat 1)' and 'plain (seed 1)' -> 'plain'."""
+    return variant.split(" (", 1)[0]
+
+
+def noise_variants(repeats: int, seed: int, other_seed: int | None = None,
+                   baseline: str = "plain") -> dict[str, int]:
+    """The extra runs of ``baseline`` for its noise floor, each name with its seed: ``repeats``
+    runs with ``seed``, then one with ``other_seed`` (None: none)."""
+    if repeats < 1:
+        raise ValueError(f"a noise floor needs at least 1 repeat of {baseline}, not {repeats}")
+    runs = {f"{baseline} (repeat {k})": seed for k in range(1, repeats + 1)}
+    if other_seed is not None:
+        if other_seed == seed:
+            raise ValueError(f"the other seed ({other_seed}) is the baseline's own")
+        runs[f"{baseline} (seed {other_seed})"] = other_seed
+    return runs
+
+
+def _same_seed(runs: dict[str, bench.Run], baseline: str) -> tuple[list[bench.Run],
+                                                                    bench.Run | None]:
+    """The baseline and its same-seed repeats (baseline first), and its other-seed run."""
+    base = runs[baseline]
+    seed = base.extra.get("seed")
+    same, other = [base], None
+    for name, run in runs.items():
+        if name == baseline or wrapper_of(name) != baseline:
+            continue
+        if run.extra.get("seed") == seed:
+            same.append(run)
+        elif other is None:
+            other = run
+    return same, other
+
+
+def step_diff(a: bench.Run, b: bench.Run) -> float:
+    """The largest difference of two runs' losses at the same step (nats)."""
+    return max(abs(x - y) for x, y in zip(a.losses, b.losses, strict=True))
+
+
+def noise_floor(runs: dict[str, bench.Run], baseline: str = "plain"
+                ) -> tuple[verdicts.NoiseFloor, float]:
+    """The baseline's noise floor from its repeats in ``runs`` (name -> run, the script's
+    ``extra`` holding each run's seed): of the final loss (the mean of the last tenth of the
+    steps, relative: :class:`verdicts.NoiseFloor`), and of the loss at any one step (the largest
+    per-step difference between two same-seed runs, in nats)."""
+    same, other = _same_seed(runs, baseline)
+    floor = verdicts.NoiseFloor(same_seed=tuple(r.final_loss for r in same),
+                                other_seed=None if other is None else other.final_loss,
+                                what=baseline)
+    per_step = max(step_diff(a, b) for i, a in enumerate(same) for b in same[i + 1:])
+    return floor, per_step
+
+
+def noise_table(runs: dict[str, bench.Run], baseline: str = "plain",
+                compared: tuple[str, ...] = ("ddp", "fsdp2")
+                ) -> tuple[pd.DataFrame, verdicts.NoiseFloor, float]:
+    """One row per run of ``compared`` and of the baseline's own runs: its final loss, its
+    difference from the baseline's (relative) read against the floor and the course's target,
+    and its largest per-step difference (nats) read against the per-step floor. Also returns
+    the two floors."""
+    floor, per_step = noise_floor(runs, baseline)
+    names = [n for n in runs if n in compared or wrapper_of(n) == baseline]
+    table = verdicts.loss_comparison({n: runs[n].final_loss for n in names}, baseline, floor)
+    table = table.rename(columns={"val_loss": "final_loss"})
+    table.insert(1, "seed", [runs[n].extra.get("seed") for n in names])
+    steps = [step_diff(runs[n], runs[baseline]) for n in names]
+    table["max_step_diff"] = steps
+    table["step_floor"] = per_step
+    table["step_reading"] = ["baseline" if n == baseline else verdicts.noise_reading(d, per_step)
+                             for n, d in zip(names, steps, strict=True)]
+    return table, floor, per_step
+
+
+def noise_sentence(row, against: str = "plain") -> str:
+    """One sentence for a row of :func:`noise_table`: the final-loss difference and the
+    largest per-step one, each against its floor, and the course's 2% target."""
+    target = ("within" if row["within_target"] else "NOT within") + \
+        f" the {verdicts.LOSS_TOLERANCE:.0%} target"
+    return (f"{row['run']} vs {against}: final loss {row['diff_pct'] / 100:+.3%} - "
+            f"{row['reading']} (floor {row['noise_floor_pct'] / 100:.3%}); largest per-step "
+            f"difference {row['max_step_diff']:.1e} nats - {row['step_reading']} (floor "
+            f"{row['step_floor']:.1e}); {target}")
+
+
+def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_step: float
+                  ) -> dict:
+    """Every run's per-step losses and gradient norms, with the floors, for ``07_losses.json``."""
+    return {"runs": {name: {"wrapper": wrapper_of(name), "seed": r.extra.get("seed"),
+                            "world_size": r.extra.get("world_size"),
+                            "final_loss": r.final_loss, "losses": r.losses,
+                            "grad_norms": r.extra.get("grad_norms")}
+                     for name, r in runs.items()},
+            "noise_floor": {"same_seed": list(floor.same_seed), "other_seed": floor.other_seed,
+                            "floor": floor.floor, "seed_spread": floor.seed_spread,
+                            "per_step_floor_nats": per_step, "described": floor.describe()},
+            "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)"}
+
+
+def spread_sentence(run: bench.Run, base_ms: float, baseline: str = "plain") -> str:
+    """'' when ``run``'s step times are tight (IQR within 5% of its median); else one sentence:
+    past ``verdicts.SPREAD_LIMIT`` its overhead cannot be told apart on this run, below it the
+    fastest step against the baseline's median (a cost that is not fixed per step)."""
+    t, name = run.timing, run.extra.get("variant", run.label)
+    share = t.iqr_ms / t.median_ms
+    if verdicts.too_noisy(t.median_ms, (t.q1_ms, t.q3_ms)):
+        return (f"{name}'s step times spread too widely on this run (IQR {t.iqr_ms:.1f} ms, "
+                f"{share:.0%} of its median, over the {verdicts.SPREAD_LIMIT:.0%} limit): its "
+                f"overhead cannot be told apart from {baseline}'s on this run - re-run to "
+                "compare.")
+    if share <= 0.05:
+        return ""
+    fixed = t.min_ms > 1.03 * base_ms
+    return (f"{name}'s step times spread widely on this run (IQR {t.iqr_ms:.1f} ms, {share:.0%} "
+            f"of its median); its fastest step took {t.min_ms:.1f} ms against {baseline}'s "
+            f"median {base_ms:.1f} ms" + ("." if fixed else
+                                          ": its overhead is no fixed cost per step here."))
+
+
+def overhead_phrase(table: pd.DataFrame, variant: str, baseline: str = "plain") -> str:
+    """'ddp +1.2%' for a wrapper's step time against the baseline's, with the tie rule's
+    reason where there is one; 'cannot be told apart' where a spread is too wide."""
+    a = table.loc[table["variant"] == variant].iloc[0]
+    b = table.loc[table["variant"] == baseline].iloc[0]
+    why = verdicts.tie_reason(float(a.median_ms), float(b.median_ms),
+                              a_iqr=(float(a.q1_ms), float(a.q3_ms)),
+                              b_iqr=(float(b.q1_ms), float(b.q3_ms)))
+    pct = 100 * (float(a.median_ms) / float(b.median_ms) - 1)
+    if why.startswith("a spread"):
+        return f"{variant} cannot be told apart from {baseline} on this run ({why})"
+    return f"{variant} {pct:+.1f}%" + (f" (a tie: {why})" if why else "")
 
 
 # ------------------------------------------------------------------ memory and communication
