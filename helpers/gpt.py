@@ -540,6 +540,22 @@ def breakdown_chart(breakdown: pd.DataFrame, ax=None):
     return ax
 
 
+def mfu_text(mfu: float) -> str:
+    """'38.7% MFU', or a note where the figure is above 100% (the CHECK line has called it
+    impossible: the peak it was measured against is wrong), so no summary repeats it."""
+    if not math.isfinite(mfu):
+        return "MFU not measured"
+    return f"{mfu:.1%} MFU" if mfu <= 1.0 else "MFU not shown (above 100%: see the CHECK line)"
+
+
+def speedup_text(row: pd.Series, base: pd.Series, what: str = "path 1") -> str:
+    """', 6.90x path 1' when the two step-time distributions can be told apart, else ', cannot
+    be told apart from path 1 (why)' - never a ratio of two timings the tie rule rejects."""
+    a, b = float(row["step_ms"]), float(base["step_ms"])
+    why = verdicts.tie_reason(a, b, a_iqr=_step_iqr(row), b_iqr=_step_iqr(base))
+    return f", cannot be told apart from {what} ({why})" if why else f", {b / a:.2f}x {what}"
+
+
 def _step_iqr(row: pd.Series) -> tuple[float, float] | None:
     """A row's (first, third) quartile of the step time, when the table has them."""
     q1, q3 = row.get("step_ms_q1", math.nan), row.get("step_ms_q3", math.nan)
@@ -566,16 +582,16 @@ def verdict(table: pd.DataFrame) -> str:
     tied = fastest_paths(table)
     by = ran.set_index("path")
     fastest = by.loc[tied[0]]
-    speedup = fastest.get("speedup_vs_fp32", math.nan)
-    versus = (f", {speedup:.2f}x the FP32 baseline" if tied[0] != "1" and not math.isnan(speedup)
-              else "")
+    versus = (speedup_text(fastest, by.loc["1"], "the FP32 baseline")
+              if tied[0] != "1" and "1" in by.index else "")
     first = (f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
-             f"{fastest['step_ms']:.1f} ms per step, {fastest['mfu']:.1%} MFU{versus}.")
+             f"{fastest['step_ms']:.1f} ms per step, {mfu_text(fastest['mfu'])}{versus}.")
     if len(tied) > 1:
         others = (f"Path {tied[1]}" if len(tied) == 2 else
                   f"Paths {', '.join(tied[1:-1])} and {tied[-1]}")
         first += (f" {others} cannot be told apart from it (medians within "
-                  f"{verdicts.TIE_FRACTION:.0%} or step-time IQRs overlapping).")
+                  f"{verdicts.TIE_FRACTION:.0%}, step-time IQRs overlapping, or a spread over "
+                  f"{verdicts.SPREAD_LIMIT:.0%} of a median).")
     lines = [first]
     if {"2", "3"} <= set(by.index):
         r2, r3 = by.loc["2"], by.loc["3"]
@@ -628,8 +644,52 @@ def val_loss_spread(table: pd.DataFrame) -> float:
     return float(losses.max() / losses.min() - 1) if len(losses) >= 2 else math.nan
 
 
-def targets(table: pd.DataFrame, applies: bool = True) -> str:
-    """The course's H200 targets, each marked met / missed / not measured, with the number."""
+def start_table(runs: dict[str, bench.Run], first: int = 8) -> pd.DataFrame:
+    """The first ``first`` steps of every run that completed, one row per run: each step's loss
+    and, when the run recorded them (``extra['grad_norms']``), its gradient norm before
+    clipping, as 'loss (norm)'."""
+    rows = {}
+    for key, run in runs.items():
+        if not run.ok:
+            continue
+        norms = run.extra.get("grad_norms") or [math.nan] * len(run.losses)
+        rows[key] = {f"step {i}": f"{loss:.2f}" + ("" if math.isnan(norm) else f" ({norm:.1f})")
+                     for i, (loss, norm) in enumerate(zip(run.losses[:first], norms[:first],
+                                                          strict=False))}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("run")
+
+
+def unhealthy_start(runs: dict[str, bench.Run]) -> str:
+    """'' when no completed run's loss after step 0 climbed above its step-0 loss; else one
+    CHECK sentence naming the runs, their worst step and the usual fix."""
+    bad = []
+    for key, run in runs.items():
+        if run.ok and len(run.losses) > 1:
+            worst = max(range(1, len(run.losses)), key=lambda i: run.losses[i])
+            if run.losses[worst] > run.losses[0]:
+                bad.append(f"{key} (step {worst}: {run.losses[worst]:.3f} > step 0's "
+                           f"{run.losses[0]:.3f})")
+    if not bad:
+        return ""
+    return ("CHECK: unhealthy start - the loss climbed above its step-0 value in "
+            f"{', '.join(bad)}: the learning rate rises too fast for this model; lower lr or "
+            "warm up over more steps (the README's recipe sweep shows where the start breaks).")
+
+
+def loss_reading(table: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
+    """The paths' validation-loss spread read against the noise floor: '(spread X%; noise floor
+    Y%: within noise)', or '(spread X%)' without a floor."""
+    spread = val_loss_spread(table)
+    if noise is None:
+        return f"spread {spread:.2%}"
+    return (f"spread {spread:.2%}; noise floor {noise.floor:.2%}: "
+            f"{verdicts.noise_reading(spread, noise.floor)}")
+
+
+def targets(table: pd.DataFrame, applies: bool = True,
+            noise: verdicts.NoiseFloor | None = None) -> str:
+    """The course's H200 targets, each marked met / missed / not measured, with the number; the
+    loss target is printed beside the noise floor measured in the same run (when given)."""
     if not applies:
         return ("The course's targets (MFU, Apex vs FP32 and native) are set for the full "
                 "profile on a GPU; this run is not one, so they are not evaluated.")
@@ -639,8 +699,12 @@ def targets(table: pd.DataFrame, applies: bool = True) -> str:
         return "not measured here" if ok is None else ("met" if ok else "MISSED")
 
     best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
-    lines = [f"fastest path >= 45% MFU: {mark(None if math.isnan(best) else best >= 0.45)} "
-             f"(best {best:.1%})"]
+    if best > 1.0:
+        lines = ["fastest path >= 45% MFU: not measured here (an MFU above 100%: see the CHECK "
+                 "line)"]
+    else:
+        lines = [f"fastest path >= 45% MFU: {mark(None if math.isnan(best) else best >= 0.45)} "
+                 f"(best {best:.1%})"]
     if {"1", "2"} <= set(by.index):
         x = by.loc["2", "speedup_vs_fp32"]
         lines.append(f"path 2 >= 5x path 1: {mark(x >= 5)} ({x:.2f}x)")
@@ -653,11 +717,12 @@ def targets(table: pd.DataFrame, applies: bool = True) -> str:
     else:
         lines.append("path 2 at most 10% slower than path 3: not measured here")
     spread = val_loss_spread(table)
+    tolerance = verdicts.LOSS_TOLERANCE
     if math.isnan(spread):
-        lines.append("validation losses within 2%: not measured here")
+        lines.append(f"validation losses within {tolerance:.0%}: not measured here")
     else:
-        lines.append(f"validation losses within 2% of each other: {mark(spread <= 0.02)} "
-                     f"(spread {spread:.2%})")
+        lines.append(f"validation losses within {tolerance:.0%} of each other: "
+                     f"{mark(spread <= tolerance)} ({loss_reading(table, noise)})")
     return "\n".join(lines)
 
 
@@ -685,8 +750,11 @@ def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: GPTConfig,
     step_ms = float(row["step_ms"])
     mm_ms, att_ms = float(row["matmul_ms"]), float(row["attention_ms"])
     rest_ms = step_ms - mm_ms - att_ms
-    lines = [f"What limits path {fastest['path']} ({fastest['label']}, {fastest['mfu']:.1%} "
-             f"MFU), per step of {step_ms:.1f} ms:"]
+    if not float(fastest["mfu"]) <= 1.0:
+        return (f"What limits path {fastest['path']}'s MFU is not read here: its MFU is above "
+                "100% (see the CHECK line), so the peak it is measured against is wrong.")
+    lines = [f"What limits path {fastest['path']} ({fastest['label']}, "
+             f"{mfu_text(fastest['mfu'])}), per step of {step_ms:.1f} ms:"]
     if mm_ms > 0:
         rate = matmul_flops / (mm_ms * 1e-3) / 1e12
         ceiling = (f", {rate / matmul_ceiling_tflops:.0%} of the measured bf16 matmul ceiling"
@@ -711,19 +779,21 @@ def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: GPTConfig,
     return "\n".join(lines)
 
 
-def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int) -> str:
-    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread.
-    Speedups over path 1 are left out where path 1 did not run."""
+def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int,
+            noise: verdicts.NoiseFloor | None = None) -> str:
+    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread
+    (against the noise floor when given). Speedups over path 1 are left out where path 1 did
+    not run."""
     ran = table[table["status"] == "ran"]
     if ran.empty:
         return f"No path ran on this run ({where}), so there is nothing to summarise."
     by_path = ran.set_index("path")
     lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path):"]
     for key, row in by_path.iterrows():
-        speedup = float(row.get("speedup_vs_fp32", math.nan))
-        versus = "" if key == "1" or math.isnan(speedup) else f", {speedup:.2f}x path 1"
+        versus = ("" if key == "1" or "1" not in by_path.index else
+                  speedup_text(row, by_path.loc["1"]))
         lines.append(f"- path {key} ({row['label']}): {row['step_ms']:.1f} ms/step, "
-                     f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}{versus}, "
+                     f"{row['tokens_per_s']:,.0f} tokens/s, {mfu_text(row['mfu'])}{versus}, "
                      f"val loss {row['final_val_loss']:.3f}")
     if {"3", "4"} <= set(by_path.index):
         r3, r4 = by_path.loc["3"], by_path.loc["4"]
@@ -735,9 +805,9 @@ def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int
                    "path 3")
         lines.append(f"- torch.compile took {r4['compile_s']:.1f} s, {payback}")
     tied = fastest_paths(table)
-    fastest = f"path {tied[0]}" + (f" (indistinguishable from {', '.join(tied[1:])})"
+    fastest = f"path {tied[0]}" + (f" (cannot be told apart from {', '.join(tied[1:])})"
                                    if len(tied) > 1 else "")
     spread = val_loss_spread(table)
-    losses = "" if math.isnan(spread) else f"; validation losses differ by {spread:.2%}"
+    losses = "" if math.isnan(spread) else f"; validation losses {loss_reading(table, noise)}"
     lines.append(f"- fastest: {fastest}{losses}")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, ceilings, gpt, kernels, machine
+from helpers import bench, ceilings, gpt, kernels, machine, verdicts
 
 CPU = torch.device("cpu")
 
@@ -380,14 +380,14 @@ def test_verdict_follows_the_numbers():
     faster = gpt.verdict(_fake_table(30.0, 40.0))
     assert "is 1.33x faster than path 3" in faster and "are faster than PyTorch's own" in faster
     level = gpt.verdict(_fake_table(40.5, 40.0))
-    assert "indistinguishable on this run (within 3%)" in level and "not faster" in level
+    assert "cannot be told apart on this run (within 3%)" in level and "not faster" in level
     assert "fastest path was 2 (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the FP32" in faster
 
 
 def test_verdict_calls_overlapping_iqrs_a_tie():
     table = _fake_table(48.0, 42.0)
     table["step_ms_q1"], table["step_ms_q3"] = [299.0, 40.0, 38.0], [301.0, 50.0, 47.0]
-    assert "indistinguishable on this run (IQRs overlap)" in gpt.verdict(table)
+    assert "cannot be told apart on this run (IQRs overlap)" in gpt.verdict(table)
     table["step_ms_q1"], table["step_ms_q3"] = [299.0, 47.5, 41.5], [301.0, 48.5, 42.5]
     assert "is 1.14x slower than path 3" in gpt.verdict(table)
 
@@ -426,10 +426,13 @@ def test_summary_lists_what_ran_and_omits_what_it_cannot_compute():
         "compile_s": 20.0}])], ignore_index=True)
     text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
     assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path):")
-    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, MFU 10.0%, val loss 2.000" in text
-    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, MFU 10.0%, 6.00x path 1" in text
+    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, 10.0% MFU, val loss 2.000" in text
+    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, 10.0% MFU, 6.00x path 1" in text
     assert "torch.compile took 20.0 s, paid back after 2000 steps" in text
-    assert text.endswith("- fastest: path 4; validation losses differ by 1.00%")
+    assert text.endswith("- fastest: path 4; validation losses spread 1.00%")
+    noise = verdicts.NoiseFloor((2.0, 2.004))  # a floor of 0.2%: 1% is beyond 2x it
+    read = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10, noise=noise)
+    assert read.endswith("spread 1.00%; noise floor 0.20%: beyond noise by 5.0x the floor")
     table.loc[0, "status"] = "Path 1 skipped: ..."
     table["speedup_vs_fp32"] = float("nan")
     text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
@@ -503,3 +506,53 @@ def test_usable_gpu_memory_follows_the_per_process_fraction(monkeypatch):
                         raising=False)
     assert machine.usable_gpu_gib() == pytest.approx(15.0)
     assert gpt.full_batch(machine.usable_gpu_gib())[0] == 16  # a 15 GiB cap halves the batch
+
+
+def test_the_recipe_is_the_measured_one_and_warms_up_over_three_quarters():
+    recipe = gpt.Recipe.scaled(80)
+    assert (recipe.lr, recipe.warmup, recipe.steps) == (gpt.PEAK_LR, 60, 80)
+    assert recipe.lr_at(0) == pytest.approx(gpt.PEAK_LR / 60)
+    assert recipe.lr_at(59) == gpt.PEAK_LR and recipe.lr_at(80) == pytest.approx(gpt.PEAK_LR / 10)
+    assert all(recipe.lr_at(i) >= recipe.lr_at(i + 1) for i in range(59, 90))  # decays, then flat
+    assert gpt.Recipe.scaled(30).warmup == 22
+    with pytest.raises(ValueError, match="warm-up"):
+        gpt.Recipe(steps=10, warmup=10)
+    model = gpt.GPT(gpt.TINY)
+    decay, no_decay = recipe.param_groups(model)
+    assert all(p.dim() >= 2 for p in decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == gpt.count_params(model)
+
+
+def test_the_05_recipe_cell_matches_the_recipe_06_and_07_import():
+    """05 writes lr_at out; its cell asserts it equals gpt.Recipe - and that assertion is real."""
+    import nbformat
+
+    nb = nbformat.read(gpt.Path(__file__).resolve().parents[1] / "notebooks" /
+                       "05_end_to_end_transformer.ipynb", as_version=4)
+    cell = next(c.source for c in nb.cells if "def lr_at(i):" in c.source)
+    assert "recipe = gpt.Recipe(steps=steps, lr=lr, warmup=lr_warmup)" in cell
+    namespace = {"math": math, "gpt": gpt, "profile": machine.resolve("smoke"), "steps": 24,
+                 "lr": None}
+    exec(cell, namespace)  # noqa: S102 - the notebook's own cell, as the notebook runs it
+    broken = cell.replace("0.1 + 0.45", "0.2 + 0.4")  # a schedule that drifted from the recipe
+    with pytest.raises(AssertionError):
+        exec(broken, dict(namespace, lr=None))  # noqa: S102
+
+
+def test_an_unhealthy_start_is_flagged_and_a_healthy_one_is_not():
+    healthy = bench.Run("ok", "cpu", losses=[5.6, 4.6, 4.3, 3.8], extra={"grad_norms": [60.0] * 4})
+    spiky = bench.Run("spike", "cpu", losses=[5.63, 4.6, 7.47, 5.0])
+    assert gpt.unhealthy_start({"1": healthy}) == ""
+    flag = gpt.unhealthy_start({"1": healthy, "2": spiky})
+    assert flag.startswith("CHECK: unhealthy start") and "2 (step 2: 7.470 > step 0's 5.630)" in flag
+    table = gpt.start_table({"1": healthy, "2": spiky}, first=3)
+    assert table.loc["1", "step 0"] == "5.60 (60.0)" and table.loc["2", "step 2"] == "7.47"
+
+
+def test_an_mfu_above_its_peak_is_never_repeated_by_the_readings():
+    table = _fake_table(50.0, 40.0)
+    table["mfu"] = [0.1, 1.6, 1.7]  # the CHECK line has called these impossible
+    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
+    for text in (gpt.verdict(table), gpt.summary(table, where="X", tokens_per_step=64, steps=10),
+                 gpt.targets(table)):
+        assert "160" not in text and "170" not in text and "above 100%" in text
