@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         first["same_seed_spread_pct"] = 100 * abs(again["val_loss"] / first["val_loss"] - 1)
         first["healthy"] = first["max_loss_after_step0"] < first["step0_loss"]
         rows.append(first)
-        print(f"lr {lr:.0e} warm-up {warmup:3d}: step 0 {first['step0_loss']:.3f}, worst later "
+        print(f"lr {lr:g} warm-up {warmup:3d}: step 0 {first['step0_loss']:.3f}, worst later "
               f"{first['max_loss_after_step0']:.3f} (step {first['worst_step']}), grad norm "
               f"<= {first['max_grad_norm_first10']:.1f} in 10 steps, val {first['val_loss']:.4f}"
               f" / again {again['val_loss']:.4f} ({first['same_seed_spread_pct']:.3f}%)",
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         healthy = table[table["healthy"]]
         pick = (healthy if len(healthy) else table).sort_values("val_loss").iloc[0]
         chosen = dict(lr=float(pick["lr"]), warmup=int(pick["warmup"]))
-        print(f"chosen: lr {chosen['lr']:.0e}, warm-up {chosen['warmup']} "
+        print(f"chosen: lr {chosen['lr']:g}, warm-up {chosen['warmup']} "
               f"({'healthy' if len(healthy) else 'NO pair had a healthy start'})", flush=True)
     studies = {f"seed 0 run {k}": one_run(seed=0, **chosen, **common) for k in (1, 2, 3)}
     studies.update({f"seed {k}": one_run(seed=k, **chosen, **common) for k in (1, 2)})
