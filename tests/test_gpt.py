@@ -544,7 +544,8 @@ def test_an_unhealthy_start_is_flagged_and_a_healthy_one_is_not():
     spiky = bench.Run("spike", "cpu", losses=[5.63, 4.6, 7.47, 5.0])
     assert gpt.unhealthy_start({"1": healthy}) == ""
     flag = gpt.unhealthy_start({"1": healthy, "2": spiky})
-    assert flag.startswith("CHECK: unhealthy start") and "2 (step 2: 7.470 > step 0's 5.630)" in flag
+    assert flag.startswith("CHECK: unhealthy start")
+    assert "2 (step 2: 7.470 > step 0's 5.630)" in flag
     table = gpt.start_table({"1": healthy, "2": spiky}, first=3)
     assert table.loc["1", "step 0"] == "5.60 (60.0)" and table.loc["2", "step 2"] == "7.47"
 
