@@ -68,3 +68,23 @@ def test_a_wrong_parameter_type_stops_the_notebook_in_one_sentence(tmp_path):
               if o.output_type == "error"]
     assert len(errors) == 1 and "check_parameters" in executed.cells[errors[0][0]].source
     assert not list((tmp_path / "out" / "results").glob("04_*"))  # nothing ran before it
+
+
+@pytest.mark.notebook
+def test_05_reads_its_losses_against_a_noise_floor_it_measured(smoke_run):
+    """The smoke run executes the noise-floor code: path 3 repeated, the floor, the readings."""
+    import json
+
+    import pandas as pd
+
+    out, _ = smoke_run
+    saved = json.loads((out / "results" / "05_losses.json").read_text())
+    assert len(saved["noise"]["same_seed"]) == 4  # path 3 and noise_runs = 3 repeats
+    assert saved["noise"]["floor"] == 0.0  # the CPU repeats a run exactly
+    assert {"1", "3", "3 (repeat 1)", "3 (seed 1)"} <= set(saved["runs"])
+    assert all(len(r["losses"]) == len(r["grad_norms"]) == 24 for r in saved["runs"].values())
+    table = pd.read_csv(out / "results" / "05_val_losses.csv")
+    for _, row in table[table["run"].astype(str) != "1"].iterrows():
+        assert row["reading"] in ("within noise", "beyond noise (this machine repeats runs "
+                                  "exactly: the floor is 0)")
+        assert (row["reading"] == "within noise") == (row["diff_pct"] == 0.0)
