@@ -202,10 +202,25 @@ def peak_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, 
     raise ValueError(f"no peak known for '{device_name}' and no measured ceilings given")
 
 
+def is_above(pct: float) -> bool:
+    """True for a percentage of a ceiling that :func:`above_ceiling` flags (above 100)."""
+    return pct == pct and pct > 100.0
+
+
+def pct_text(pct: float, of: str = "", fmt: str = ".0f") -> str:
+    """'N%' (or 'N% of <of>') for a percentage of a ceiling; where :func:`above_ceiling` flags
+    it, a note instead: a figure its CHECK line called impossible is never shown as a reading."""
+    if is_above(pct):
+        what = f"the share of {of}" if of else "the figure"
+        return f"{what} not shown: above 100%, so the ceiling check failed (see the CHECK line)"
+    return f"{pct:{fmt}}%" + (f" of {of}" if of else "")
+
+
 def above_ceiling(percentages: dict[str, float], ceiling: str, device: torch.device | str) -> str:
     """'' when every percentage is at most 100; else one sentence naming those above the
-    ``ceiling``, the likely cause and the fix (no figure above its ceiling stands as a fact)."""
-    above = {k: v for k, v in percentages.items() if v == v and v > 100.0}
+    ``ceiling``, the likely cause and the fix (no figure above its ceiling stands as a fact:
+    summaries print them through :func:`pct_text`)."""
+    above = {k: v for k, v in percentages.items() if is_above(v)}
     if not above:
         return ""
     names = ", ".join(f"{k} {v:.0f}%" for k, v in above.items())

@@ -269,6 +269,48 @@ def scale_traces(runs: list[bench.Run]):
                                        "halved_at_steps", "grown_at_steps"])
 
 
+# ------------------------------------------------------------------ step times
+def fastest_step(times) -> str:
+    """The fastest run of a table of :meth:`helpers.bench.Run.row` rows by the tie rule, or
+    'none on this run: the timings are too noisy ...' where a step time's spread is too wide
+    to compare (:func:`helpers.optimizers.fastest_reading`)."""
+    from helpers import optimizers
+
+    return optimizers.fastest_reading(times, key="run")
+
+
+def speed_readings(times, base: str, pairs: list[tuple[str, str]], where: str) -> list[str]:
+    """Section 7's sentences from the step times of the runs that trained (rows of
+    :meth:`helpers.bench.Run.row`): the fastest, the fastest other run against ``base`` (fp32),
+    and each measured (old, new) pair read as new against old. Each comparison reads the two
+    distributions (:func:`helpers.verdicts.compare`): overlapping IQRs, medians within 3% or a
+    spread too wide for its median give 'cannot be told apart on this run' and why, never a
+    ratio."""
+    from helpers import verdicts
+
+    def iqr(name):
+        r = times.loc[times["run"] == name].iloc[0]
+        return float(r.median_ms), (float(r.q1_ms), float(r.q3_ms))
+
+    lines = [f"Fastest step on this run: {fastest_step(times)}."]
+    ranked = [str(n) for n in times.sort_values("median_ms")["run"]]
+    others = [n for n in ranked if n != base]
+    if base in ranked and others:
+        other = others[0]  # the fastest run other than fp32
+        noisy = any(verdicts.too_noisy(*iqr(n)) for n in (other, base))
+        if not noisy and base in verdicts.tied_with_fastest(times, key="run"):
+            lines.append(f"{base} itself is among the fastest: lower precision did not "
+                         f"measurably pay off at these sizes on {where}.")
+        else:
+            lines.append(verdicts.compare_rows(times, other, base, key="run") + ".")
+    elif base in ranked:
+        lines.append(f"Only {base} is in the comparison: nothing to compare it with.")
+    for old, new in pairs:
+        if {old, new} <= set(ranked):
+            lines.append(verdicts.compare_rows(times, new, old, key="run") + ".")
+    return lines
+
+
 # ------------------------------------------------------------------ checks
 class InfGradOnce:
     """A gradient hook that, once armed, turns one element of the next gradient into +inf."""

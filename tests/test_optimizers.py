@@ -208,7 +208,8 @@ def test_comparison_names_a_tie_and_skips_pairs_not_measured():
     got = chapter.comparison_table(table, [("compiled", "fused"), ("apex FusedAdam", "fused"),
                                            ("fused", "foreach")])
     assert list(zip(got["candidate"], got["vs"], got["verdict"], strict=True)) == [
-        ("compiled", "fused", "indistinguishable"), ("fused", "foreach", "faster")]
+        ("compiled", "fused", "cannot tell apart"), ("fused", "foreach", "faster")]
+    assert list(got["why"]) == ["within 3%", ""]
     empty = chapter.comparison_table(table, [("apex FusedAdam", "fused")])
     assert empty.empty and "verdict" in empty.columns
 
@@ -238,6 +239,7 @@ def test_sweep_and_its_reading():
     reading = chapter.sweep_reading(fake).iloc[0]
     assert reading.slowdown == pytest.approx(3.0)
     assert (reading.ms_at_4_tensors, reading.ms_at_64_tensors) == (1.0, 3.0)
+    assert reading.reading == "3.0x the time"
 
 
 def test_gotchas_probe_torch_adamw():

@@ -19,10 +19,13 @@ def test_compare_flips_when_the_numbers_flip():
 
 
 def test_small_differences_and_overlapping_iqrs_are_ties():
-    assert "indistinguishable" in verdicts.compare("a", 1.00, "b", 1.02)
+    assert "cannot be told apart on this run (within 3%)" in verdicts.compare("a", 1.00, "b", 1.02)
     assert "IQRs overlap" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.9, 1.15),
                                             b_iqr=(1.1, 1.3))
     assert "faster" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.95, 1.05), b_iqr=(1.1, 1.3))
+    noisy = verdicts.compare("a", 1.0, "b", 3.0, a_iqr=(0.5, 1.5), b_iqr=(2.9, 3.1))
+    assert "cannot be told apart on this run (a spread of 100% of its median" in noisy
+    assert "faster" not in noisy and "3.00x" not in noisy
 
 
 def test_is_tie_rejects_non_positive_times():

@@ -1,0 +1,155 @@
+"""Timing verdicts of notebooks 01-04 read two distributions, not two medians: overlapping or
+too-wide spreads never become a speed-up, and no reading shows a % of a ceiling above 100."""
+
+import re
+
+import pandas as pd
+import pytest
+
+from helpers import bench, ceilings, legacy_amp, verdicts
+from helpers import optimizers as chapter
+
+RATIO = re.compile(r"\d+(\.\d+)?x")  # "1.52x", "9982.6x": a ratio presented as a finding
+
+
+def rows(key="candidate", **timings):
+    """A timing table: name -> (median, q1, q3)."""
+    return pd.DataFrame([{key: name, "median_ms": m, "q1_ms": q1, "q3_ms": q3}
+                         for name, (m, q1, q3) in timings.items()])
+
+
+def step_table(**timings):
+    """02's step table built from Timing objects with the given samples."""
+    return chapter.step_table([bench.Timing(name, samples, "cpu",
+                                            meta={"bytes_per_step": 28_000})
+                               for name, samples in timings.items()], 1000, 100.0)
+
+
+# ------------------------------------------------------------------ 02: pairs
+def test_overlapping_iqrs_are_never_a_speedup():
+    table = rows(fused=(1.0, 0.9, 1.15), foreach=(1.2, 1.1, 1.3))  # overlap, spreads < 25%
+    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    assert (row.verdict, row.why) == ("cannot tell apart", "IQRs overlap")
+    sentence = chapter.pair_sentence(row)
+    assert sentence.startswith("cannot tell apart on this run") and not RATIO.search(sentence)
+
+
+def test_a_spread_over_a_quarter_of_its_median_cannot_be_told_apart():
+    # the issue's first run: 384 ms against 11.8 ms, IQRs about the size of the medians
+    table = rows(fused=(384.0, 100.0, 500.0), foreach=(11.8, 11.0, 12.5))
+    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    assert row.verdict == "cannot tell apart"
+    assert "cold caches or a busy machine - re-run" in row.why
+    assert not RATIO.search(chapter.pair_sentence(row))
+
+
+def test_clearly_separated_timings_still_give_a_verdict():
+    table = rows(fused=(1.0, 0.95, 1.05), foreach=(2.0, 1.9, 2.1))
+    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    assert (row.verdict, row.why) == ("faster", "")
+    assert chapter.pair_sentence(row) == "faster (speed-up 2.00x)"
+
+
+def test_step_table_with_noisy_samples_reads_as_a_tie():
+    table = step_table(fused=[1.0, 1.0, 5.0, 9.0, 9.0], foreach=[3.0, 3.0, 3.0, 3.01, 3.02])
+    assert verdicts.too_noisy(*table.set_index("candidate").loc["fused", ["median_ms"]],
+                              tuple(table.set_index("candidate").loc["fused", ["q1_ms", "q3_ms"]]))
+    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    assert row.verdict == "cannot tell apart"
+
+
+# ------------------------------------------------------------------ 02: fastest, sweep
+def test_fastest_reading_refuses_a_winner_when_a_spread_is_too_wide():
+    noisy = rows(a=(1.0, 0.5, 2.0), b=(3.0, 2.9, 3.1))
+    text = chapter.fastest_reading(noisy)
+    assert text.startswith("none on this run") and "too noisy" in text and "re-run" in text
+    assert "a 150%" in text and "b " not in text.split("median:")[1]
+    assert chapter.noisy_rows(noisy) == {"a": pytest.approx(1.5)}
+
+
+def test_fastest_reading_names_the_clear_winner_and_the_ties():
+    assert chapter.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(3.0, 2.9, 3.1))) == "a"
+    tied = chapter.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(1.01, 0.99, 1.03)))
+    assert tied == "a (cannot be told apart from b on this run)"
+
+
+def test_noise_note_does_not_round_a_spread_over_the_limit_down_to_it():
+    assert "25.4%" in chapter.noise_note({"x": 0.254})
+
+
+def sweep(lo, hi):
+    """A tensor-count sweep of one candidate: (median, q1, q3) at 4 and at 256 tensors."""
+    return pd.DataFrame([{"tensors": n, "params_per_tensor": 1024 // n, "candidate": "fused",
+                          "median_ms": m, "q1_ms": q1, "q3_ms": q3}
+                         for n, (m, q1, q3) in ((4, lo), (256, hi))])
+
+
+def test_sweep_reading_does_not_turn_a_noisy_pair_into_a_slowdown():
+    reading = chapter.sweep_reading(sweep((0.04, 0.01, 0.2), (384.0, 380.0, 390.0)))
+    row = reading.iloc[0]
+    assert row.slowdown == pytest.approx(9600.0)  # the raw ratio stays in the table
+    assert row.reading.startswith("cannot tell apart on this run (a spread of")
+    sentence = chapter.sweep_sentence(reading)
+    assert "x the time" not in sentence and not RATIO.search(sentence)
+    assert sentence.startswith("fused cannot tell apart on this run")
+
+
+def test_sweep_sentence_reads_the_clear_candidates_and_names_the_others():
+    clear = sweep((1.0, 0.95, 1.05), (10.0, 9.8, 10.2)).assign(candidate="foreach")
+    noisy = sweep((1.0, 0.2, 3.0), (20.0, 19.0, 21.0))
+    both = pd.concat([clear, noisy, clear.assign(candidate="for-loop", median_ms=[1.0, 30.0],
+                                                  q1_ms=[0.99, 29.0], q3_ms=[1.01, 31.0])])
+    sentence = chapter.sweep_sentence(chapter.sweep_reading(both))
+    assert sentence.startswith("for-loop took 30.0x the time, foreach 10.0x; fused cannot tell")
+    assert "20.0x" not in sentence
+
+
+# ------------------------------------------------------------------ 04: step times
+def run_rows(**timings):
+    return rows(key="run", **timings)
+
+
+def test_04_noisy_step_times_are_not_a_speedup_over_fp32():
+    # the issue's first run: fp16_master_weights 6.43 ms against fp32 108 ms, wide IQRs
+    times = run_rows(fp32=(108.0, 20.0, 130.0), fp16_master_weights=(6.43, 2.0, 9.0),
+                     autocast_fp16=(50.0, 48.0, 52.0))
+    lines = legacy_amp.speed_readings(times, "fp32", [("fp32", "fp16_master_weights")], "cpu")
+    assert lines[0].startswith("Fastest step on this run: none on this run")
+    assert all("faster" not in line and "slower" not in line for line in lines)
+    assert all("cannot be told apart on this run" in line for line in lines[1:])
+    assert "cold caches or a busy machine" in lines[1]
+    assert "among the fastest" not in " ".join(lines)  # a noisy tie is not "did not pay off"
+
+
+def test_04_clear_step_times_still_compare():
+    times = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(5.0, 4.9, 5.1))
+    lines = legacy_amp.speed_readings(times, "fp32", [], "cuda")
+    assert lines == ["Fastest step on this run: autocast_fp16.",
+                     "autocast_fp16 (5 ms) is 2.00x faster than fp32 (10 ms)."]
+    tie = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(10.1, 10.0, 10.2))
+    assert "fp32 itself is among the fastest" in legacy_amp.speed_readings(
+        tie, "fp32", [], "cuda")[1]
+    assert legacy_amp.fastest_step(tie).startswith("fp32 (cannot be told apart")
+
+
+def test_04_overlapping_pair_is_not_a_speedup():
+    times = run_rows(old=(10.0, 9.0, 11.0), new=(11.0, 10.5, 12.0), fp32=(20.0, 19.8, 20.2))
+    line = legacy_amp.speed_readings(times, "fp32", [("old", "new")], "cuda")[-1]
+    assert line.endswith("cannot be told apart on this run (IQRs overlap).")
+
+
+# ------------------------------------------------------------------ ceilings
+def test_pct_text_never_prints_a_figure_the_check_flags():
+    flag = ceilings.above_ceiling({"fused": 235788.0}, "copy ceiling", "cpu")
+    assert flag.startswith("CHECK:")
+    text = ceilings.pct_text(235788.0, "the copy ceiling")
+    assert "235788" not in text and "not shown" in text and "CHECK line" in text
+    assert ceilings.pct_text(17.2, "the copy ceiling") == "17% of the copy ceiling"
+    assert ceilings.pct_text(100.0) == "100%" and not ceilings.above_ceiling({"a": 100.0},
+                                                                         "x", "cpu")
+
+
+def test_pct_text_and_above_ceiling_flag_the_same_figures():
+    for pct in (0.0, 99.9, 100.0, 100.01, 150.0, float("nan")):
+        flagged = bool(ceilings.above_ceiling({"x": pct}, "copy ceiling", "cpu"))
+        assert flagged == ceilings.is_above(pct) == ("not shown" in ceilings.pct_text(pct))
