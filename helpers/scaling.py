@@ -472,15 +472,21 @@ def noise_table(runs: dict[str, bench.Run], baseline: str = "plain",
     return table, floor, per_step
 
 
+def _relative(x: float) -> str:
+    """A relative difference as a signed percentage, one too small for 3 decimals in e-form."""
+    return f"{x:+.3%}" if x == 0 or abs(x) >= 5e-6 or x != x else f"{100 * x:+.1e}%"
+
+
 def noise_sentence(row, against: str = "plain") -> str:
     """One sentence for a row of :func:`noise_table`: the final-loss difference and the
     largest per-step one, each against its floor, and the course's 2% target."""
     target = ("within" if row["within_target"] else "NOT within") + \
         f" the {verdicts.LOSS_TOLERANCE:.0%} target"
-    return (f"{row['run']} vs {against}: final loss {row['diff_pct'] / 100:+.3%} - "
-            f"{row['reading']} (floor {row['noise_floor_pct'] / 100:.3%}); largest per-step "
-            f"difference {row['max_step_diff']:.1e} nats - {row['step_reading']} (floor "
-            f"{row['step_floor']:.1e}); {target}")
+    floor, step = row["noise_floor_pct"] / 100, row["step_floor"]
+    return (f"{row['run']} vs {against}: final loss {_relative(row['diff_pct'] / 100)} - "
+            f"{row['reading']}" + (f" (floor {floor:.3%})" if floor else "") +
+            f"; largest per-step difference {row['max_step_diff']:.1e} nats - "
+            f"{row['step_reading']}" + (f" (floor {step:.1e})" if step else "") + f"; {target}")
 
 
 def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_step: float

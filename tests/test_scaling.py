@@ -5,10 +5,12 @@ the memory and communication formulas against hand-computed values; the Apex map
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import socket
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -30,10 +32,14 @@ LEGACY_SRC = ROOT / ".apex_src" / "legacy" / "apex"
 # FSDP2 run multiplies the loss it differentiates by the world size (a sum over the ranks where
 # their average belongs).
 SLICE = "x, y = (t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))"
-WRONG_SLICE = ("x, y = (t[:per_rank] if variant == 'ddp' else "
+WRONG_SLICE = ("x, y = (t[:per_rank] if wrapper == 'ddp' else "
                "t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))")
 BACKWARD = "scaler.scale(loss).backward()"
-SUMMED = "scaler.scale(loss * (world if variant == 'fsdp2' else 1)).backward()"
+SUMMED = "scaler.scale(loss * (world if wrapper == 'fsdp2' else 1)).backward()"
+# The one-process launch as section 4 runs it on a GPU: the wrappers at world size 1, plain
+# again with the same seed and once with another (the noise floor).
+NOISE = scaling.noise_variants(1, 0, other_seed=1)
+ONE_PROCESS = ["plain", "ddp", "fsdp2", *NOISE]
 
 
 def notebook_script() -> str:
@@ -48,17 +54,18 @@ def notebook_script() -> str:
 def check_plan(corpus: Path, **changes) -> dict:
     """The notebook's CPU check: tiny model, fp32, gloo, 8 sequences per step."""
     plan = dict(cfg=dataclasses.asdict(gpt.TINY), backend="gloo", global_batch=8, accum=1,
-                steps=4, warmup=1, lr=6e-4, lr_warmup=2, seed=0, amp=None,
-                variants=["plain"], corpus=str(corpus), timeout_s=60, allreduce_mib=0,
-                save_params=True)
+                steps=4, warmup=1, lr=gpt.PEAK_LR, lr_warmup=2, seed=0, amp=None,
+                variants=["plain"], seeds={}, corpus=str(corpus), timeout_s=60,
+                allreduce_mib=0, save_params=True)
     plan.update(changes)
     return plan
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """One process, 2 ranks as written, 2 ranks with the faults, 2 ranks in fp16 + GradScaler:
-    launched at once. Returns (single, split, faulty, seconds, fp16)."""
+    """One process (plain, the wrappers at world size 1, plain's repeat and another seed), 2
+    ranks as written, 2 ranks with the faults, 2 ranks in fp16 + GradScaler: launched at once.
+    Returns (single, split, faulty, seconds, fp16)."""
     tmp = tmp_path_factory.mktemp("scaling")
     script = notebook_script()
     assert SLICE in script and BACKWARD in script, "the script cell changed: update the faults"
@@ -69,7 +76,8 @@ def launched(tmp_path_factory):
     two = dict(variants=["ddp", "fsdp2"], accum=2)
     start = time.perf_counter()
     single, split, faulty, fp16 = scaling.launch_all([
-        (tmp / "train.py", 1, check_plan(corpus), tmp / "single.json"),
+        (tmp / "train.py", 1, check_plan(corpus, variants=ONE_PROCESS, seeds=NOISE),
+         tmp / "single.json"),
         (tmp / "train.py", 2, check_plan(corpus, allreduce_mib=1, **two), tmp / "split.json"),
         (tmp / "faulty.py", 2, check_plan(corpus, **two), tmp / "faulty.json"),
         (tmp / "train.py", 2, check_plan(corpus, amp="float16", save_params=False, **two),
@@ -184,7 +192,11 @@ def test_a_parameter_below_one_stops_the_notebook_in_one_sentence():
     exec(params.source.replace("max_gpus = 8", "max_gpus = 0"), space)
     with pytest.raises(SystemExit, match="^max_gpus must be at least 1: fix it in the param"):
         exec(checks.split("profile = resolve(profile)", 1)[0], space)
+    exec(params.source.replace("noise_runs = 3", "noise_runs = 0"), space)
+    with pytest.raises(SystemExit, match="^noise_runs must be at least 1: fix it in the param"):
+        exec(checks.split("profile = resolve(profile)", 1)[0], space)
     exec(params.source, space)  # as shipped: the checks pass
+    assert space["lr"] is None and space["noise_runs"] >= 1
     exec(checks.split("profile = resolve(profile)", 1)[0], space)
 
 
@@ -258,11 +270,15 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
     for piece in ("init_process_group(", "timeout=datetime.timedelta(", "DDP(model",
                   "fully_shard(block, mesh=mesh)", "fully_shard(model, mesh=mesh)",
                   "init_device_mesh(device.type", "model.no_sync()",
-                  "set_requires_gradient_sync(", "AdamW(param_groups(model), fused=True",
+                  "set_requires_gradient_sync(", "AdamW(recipe.param_groups(model), fused=True",
+                  'gpt.Recipe(steps=plan["steps"], lr=plan["lr"], warmup=plan["lr_warmup"])',
+                  'group["lr"] = recipe.lr_at(i)', "recipe.clip)", "**recipe.hp)",
                   "torch.autocast(", "clip_grad_norm_(", "gpt.BatchPlan.draw(",
                   "dist.all_reduce(losses)", "if rank == 0:",
                   "machine.cap_gpu_memory(local_rank)"):
         assert piece in script, piece
+    for copy in ("def lr_at", "def param_groups", "math.cos", "weight_decay=0.1", "betas="):
+        assert copy not in script, f"the script has its own copy of the recipe: {copy}"
 
 
 # ------------------------------------------------------------------ the formulas
@@ -421,3 +437,63 @@ def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(launched):
         worst = max(abs(a - b) / b for a, b in norms)
         assert worst < 0.05, f"{variant}: fp16 gradient norms {worst:.1%} off the fp32 ones"
 
+
+
+# ------------------------------------------------------------------ the noise floor
+def test_plain_repeated_with_its_seed_is_exact_on_the_cpu_and_another_seed_is_not(launched):
+    """The script trains 'plain (repeat 1)' and 'plain (seed 1)' as plain, the second from its
+    own seed (other weights, other batches); the CPU repeats the first bit for bit."""
+    single = launched[0]
+    runs = {r.extra["variant"]: r for r in single.runs()}
+    assert list(runs) == ONE_PROCESS
+    assert {r.extra["wrapper"] for r in runs.values()} == {"plain", "ddp", "fsdp2"}
+    assert runs["plain (repeat 1)"].losses == runs["plain"].losses
+    assert runs["plain (repeat 1)"].extra["checksums"] == runs["plain"].extra["checksums"]
+    other = runs["plain (seed 1)"]
+    assert other.extra["seed"] == 1 and other.losses[0] != runs["plain"].losses[0]
+    floor, per_step = scaling.noise_floor(runs)
+    assert floor.floor == 0 and per_step == 0 and floor.seed_spread > 0
+    assert scaling.params_path(single.out, "plain (repeat 1)").name == "single.plain_repeat_1.pt"
+    a, b = single.params("plain"), single.params("plain (repeat 1)")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+def _cell(nb, start: str) -> str:
+    found = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith(start)]
+    assert len(found) == 1, start
+    return found[0]
+
+
+def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(launched, capsys):
+    """Section 4's analysis cells - the overhead table, the loss readings, 07_losses.json and
+    the summary's one-GPU lines - run on the one-process CPU launch, which holds the variants
+    section 4 launches on a GPU: the code the GPU run takes, run here."""
+    from helpers import results, verdicts
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    single = launched[0]
+    space = {"one_gpu": single, "scaling": scaling, "verdicts": verdicts, "results": results,
+             "gpt": gpt, "pd": pd, "gpu_cfg": gpt.TINY, "env": {}, "amp": torch.bfloat16,
+             "display": lambda *a, **k: None,
+             "losses_record": {"cpu_check": None, "one_gpu": None}}
+    exec(_cell(nb, "if one_gpu is not None and one_gpu.ok:\n    runs = "), space)
+    overhead = space["overhead"]
+    assert list(overhead["variant"]) == ["plain", "ddp", "fsdp2"]  # the repeats are no wrappers
+    assert overhead.loc[0, "overhead_pct"] == 0
+    exec(_cell(nb, "if one_gpu is not None and one_gpu.ok:\n    loss_noise"), space)
+    said = capsys.readouterr().out
+    assert "ddp vs plain: final loss +0.000% - within noise" in said, said
+    assert "fsdp2 vs plain: final loss" in said and "within the 2% target" in said
+    table = space["loss_noise"]
+    assert list(table["run"]) == ONE_PROCESS
+    assert table.set_index("run").loc["plain (seed 1)", "reading"].startswith("beyond noise")
+    saved = json.loads((results.results_dir() / "07_losses.json").read_text())
+    one = saved["one_gpu"]
+    assert set(one["runs"]) == set(ONE_PROCESS)
+    assert len(one["runs"]["fsdp2"]["losses"]) == len(one["runs"]["fsdp2"]["grad_norms"]) == 4
+    assert one["noise_floor"]["floor"] == 0 and len(one["noise_floor"]["same_seed"]) == 2
+    summary = _cell(nb, "print(f\"On this run (")
+    block = summary.split("if overhead is not None:\n", 1)[1].split("\nelse:", 1)[0]
+    exec(textwrap.dedent(block), space)
+    lines = capsys.readouterr().out
+    assert "- one GPU, step time against the unwrapped step" in lines
+    assert "noise floor 0.000% (2 same-seed runs" in lines and "ddp +0.000%, within noise" in lines
