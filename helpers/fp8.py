@@ -8,7 +8,10 @@
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
 - the width sweep: one Linear's forward + backward timed (:func:`time_case`), its table with
   TFLOP/s and the ratio to bf16 (:func:`sweep_table`) and the crossover width (:func:`crossover`);
-- the end-to-end table, the verdict and the summary, all computed from the run's tables.
+- the end-to-end table, the verdict and the summary, all computed from the run's tables:
+  step times by the tie rule of :mod:`helpers.verdicts`, each float8 run's validation loss
+  read against the noise floor of the bf16 baseline (:func:`loss_reading`), measured in
+  the same run, beside the course's 2% target.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from helpers import bench, gpt, kernels, machine, verdicts
 
 TORCHAO_PIN = "0.18.0"
 INSTALL = f"pip install torchao=={TORCHAO_PIN}"
-VAL_LOSS_TOLERANCE = 0.02  # notebook 05's: validation losses within 2%
+VAL_LOSS_TOLERANCE = verdicts.LOSS_TOLERANCE  # the course's: validation losses within 2%
 EPS = 1e-12  # torchao's floor on amax, so an all-zero tensor still gets a finite scale
 
 
@@ -377,10 +380,13 @@ def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
 
 # ------------------------------------------------------------------ end to end
 def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
-                     flops_per_token: float, peak_tflops: float,
-                     baseline: str = "bf16") -> pd.DataFrame:
+                     flops_per_token: float, peak_tflops: float, baseline: str = "bf16",
+                     noise: verdicts.NoiseFloor | None = None) -> pd.DataFrame:
     """``gpt.paths_table`` keyed by recipe, with the speedup over the ``baseline`` run (its
-    step time over this one's) and the validation loss's difference to it in percent."""
+    step time over this one's), the validation loss's difference to it in percent, the noise
+    floor beside it (``noise``: the baseline trained again with the same seed; NaN without one),
+    the difference read against the floor (``loss_reading``) and whether it is within the
+    course's target (``within_target``)."""
     table = gpt.paths_table(runs, labels, flops_per_token=flops_per_token,
                             peak_tflops=peak_tflops)
     table = table.rename(columns={"path": "recipe"}).drop(columns="speedup_vs_fp32")
@@ -389,6 +395,13 @@ def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
     base_loss = float(base["final_val_loss"].iloc[0]) if len(base) else math.nan
     table["speedup_vs_bf16"] = base_ms / table["step_ms"]
     table["val_loss_diff_pct"] = 100.0 * (table["final_val_loss"] - base_loss) / base_loss
+    floor = noise.floor if noise is not None else math.nan
+    table["noise_floor_pct"] = 100.0 * floor
+    table["loss_reading"] = [
+        "baseline" if recipe == baseline else
+        verdicts.noise_reading(diff / 100.0, floor) if math.isfinite(diff) else "not measured"
+        for recipe, diff in zip(table["recipe"], table["val_loss_diff_pct"], strict=True)]
+    table["within_target"] = table["val_loss_diff_pct"].abs() <= 100.0 * VAL_LOSS_TOLERANCE
     return table
 
 
@@ -396,16 +409,64 @@ def _iqr(row: pd.Series) -> tuple[float, float]:
     return float(row["step_ms_q1"]), float(row["step_ms_q3"])
 
 
+def _floor(e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> float:
+    """The noise floor (relative): ``noise``'s, else the table's column, else NaN."""
+    if noise is not None:
+        return noise.floor
+    if "noise_floor_pct" in e2e and len(e2e) and e2e["noise_floor_pct"].notna().any():
+        return float(e2e["noise_floor_pct"].dropna().iloc[0]) / 100.0
+    return math.nan
+
+
+def loss_reading(diff_pct: float, floor: float,
+                 tolerance: float = VAL_LOSS_TOLERANCE) -> tuple[str, bool]:
+    """A float8 run's validation-loss difference to bf16 (in percent) read against the noise
+    floor (relative; NaN when not measured) and beside the course's target: (the words, whether
+    the target holds). The target is not called held when twice the floor reaches it: the run
+    cannot then tell a difference inside the target from one outside."""
+    diff = diff_pct / 100.0
+    if not math.isfinite(diff):
+        return "no validation loss to compare", False
+    if not math.isfinite(floor):
+        reading = "not read against a noise floor (none was measured on this run)"
+    else:
+        reading = verdicts.noise_reading(diff, floor)
+        reading += f" (noise floor {floor:.3%})" if floor > 0 else ""
+    if math.isfinite(floor) and verdicts.NOISE_FACTOR * floor >= tolerance:
+        return (f"{reading}; the floor is too wide to read the course's {tolerance:.0%} target",
+                False)
+    held = abs(diff) <= tolerance
+    return (f"{reading}, {'within' if held else 'NOT within'} the course's {tolerance:.0%} "
+            "target"), held
+
+
+def _speed(row: pd.Series, base: pd.Series) -> str:
+    """'1.25x path 4's speed', or why the two step times cannot be told apart."""
+    why = verdicts.tie_reason(float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row),
+                              b_iqr=_iqr(base))
+    if why:
+        return f"not told apart from path 4 ({why})"
+    return f"{float(row['speedup_vs_bf16']):.2f}x path 4's speed"
+
+
 def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
-            baseline: str = "bf16") -> str:
+            baseline: str = "bf16", noise: verdicts.NoiseFloor | None = None) -> str:
     """Whether float8 speeds up this model's training on this run (faster than the baseline
-    by the tie rule, and validation losses within :data:`VAL_LOSS_TOLERANCE`), and from which
-    width the sweep says it pays."""
+    by the tie rule, which also refuses timings whose spread is too wide, and validation
+    losses within :data:`VAL_LOSS_TOLERANCE`), each loss difference read against the noise
+    floor (``noise``, else the table's ``noise_floor_pct``), and from which width the sweep
+    says float8 pays."""
     ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
     if baseline not in getattr(ran, "index", []):
         return "The bf16 run (path 4) did not run here, so there is no end-to-end verdict."
     base = ran.loc[baseline]
-    lines, helps = [], []
+    floor = _floor(e2e, noise)
+    lines = [f"Noise: {noise.describe()}." if noise is not None else
+             f"Noise: floor {floor:.3%} (path 4 trained again with the same seed)."
+             if math.isfinite(floor) else
+             "Noise: no floor was measured on this run, so no loss difference is read against "
+             "one."]
+    helps, readings = [], []
     for recipe, row in e2e.set_index("recipe").iterrows():
         if recipe == baseline:
             continue
@@ -415,23 +476,25 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
         said = verdicts.compare(f"float8 {recipe}", float(row["step_ms"]), "path 4",
                                 float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base))
         diff = float(row["val_loss_diff_pct"])
-        agrees = abs(diff) <= 100 * VAL_LOSS_TOLERANCE
+        words, agrees = loss_reading(diff, floor)
         memory = float(row["peak_mem_gib"]) - float(base["peak_mem_gib"])
         mem = "" if math.isnan(memory) else f", peak memory {memory:+.2f} GiB"
-        lines.append(f"{said} per step; validation loss {diff:+.2f}% "
-                     f"({'within' if agrees else 'NOT within'} the course's "
-                     f"{VAL_LOSS_TOLERANCE:.0%}){mem}.")
+        lines.append(f"{said} per step; validation loss {diff:+.3f}% vs path 4 - {words}{mem}.")
         faster = (float(row["step_ms"]) < float(base["step_ms"]) and not verdicts.is_tie(
             float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base)))
         if faster and agrees:
             helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
+            readings.append(f"{recipe}'s {verdicts.noise_reading(diff / 100.0, floor)}")
     if helps:
+        read = ("" if not math.isfinite(floor) else
+                " (against the noise floor: " + "; ".join(readings) + ")")
         lines.append(f"Verdict ({where}): float8 speeds up this model's training on this run - "
-                     f"{', '.join(helps)} times path 4's speed - with the losses in agreement.")
+                     f"{', '.join(helps)} times path 4's speed - with the validation losses "
+                     f"within the course's {VAL_LOSS_TOLERANCE:.0%} target{read}.")
     else:
         lines.append(f"Verdict ({where}): float8 does not speed up this model's training on "
                      "this run: no recipe was measurably faster than path 4 (bf16) with its "
-                     "validation loss within the tolerance.")
+                     f"validation loss within the course's {VAL_LOSS_TOLERANCE:.0%} target.")
     for recipe in [r for r in e2e["recipe"] if r != baseline]:
         if sweep.empty or recipe not in set(sweep["recipe"]):
             continue
@@ -450,8 +513,11 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
 
 
 def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
-            e2e: pd.DataFrame, *, where: str, peak_source: str = "") -> str:
-    """The notebook's closing lines, each computed from one of the run's tables."""
+            e2e: pd.DataFrame, *, where: str, peak_source: str = "", baseline: str = "bf16",
+            noise: verdicts.NoiseFloor | None = None) -> str:
+    """The notebook's closing lines, each computed from one of the run's tables; the float8
+    runs' step times against path 4's by the tie rule, their losses against the noise floor
+    (``noise``, else the table's ``noise_floor_pct``)."""
     lines = [f"On this run ({where}):"]
     lines += [f"- rounding: {breaking_line(grown, cast)}" for cast in dict.fromkeys(grown["cast"])
               if cast.startswith("float8")]
@@ -477,11 +543,25 @@ def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
              "runs" if "compile_s" in ran and ran["compile_s"].notna().any() else ""]
     if any(spent):
         lines.append("- compilation: " + ", ".join(p for p in spent if p))
-    if len(ran) and peak_source:
+    if ran.empty:
+        return "\n".join(lines)
+    floor = _floor(e2e, noise)
+    lines.append("- noise: " + (noise.describe() if noise is not None else
+                                f"floor {floor:.3%}" if math.isfinite(floor) else
+                                "no floor measured here, so no loss is read against one"))
+    if peak_source:
         lines.append(f"- end to end, MFU against the {peak_source}:")
+    base = ran[ran["recipe"] == baseline]
     for _, row in ran.iterrows():
-        lines.append(f"- end to end, {row['label']}: {row['step_ms']:.1f} ms/step, "
-                     f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}, "
-                     f"{row['speedup_vs_bf16']:.2f}x path 4, val loss {row['final_val_loss']:.3f}"
-                     f" ({row['val_loss_diff_pct']:+.2f}%)")
+        text = (f"- end to end, {row['label']}: {row['step_ms']:.1f} ms/step, "
+                f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}, ")
+        if row["recipe"] == baseline or base.empty:
+            text += f"val loss {row['final_val_loss']:.3f}"
+        else:
+            diff = float(row["val_loss_diff_pct"])
+            reading = (verdicts.noise_reading(diff / 100.0, floor) if math.isfinite(floor)
+                       else "no noise floor")
+            text += (f"{_speed(row, base.iloc[0])}, val loss {row['final_val_loss']:.3f} "
+                     f"({diff:+.3f}%: {reading})")
+        lines.append(text)
     return "\n".join(lines)

@@ -1,12 +1,14 @@
 """Notebook 06's module: the formats, the scale and the rounding error against float64, torchao
 (present, missing, broken) and the FP8 hardware check, the sweep's timing, table and crossover,
 the end-to-end table and the verdict; and the notebook itself, run with FP8 emulated (sections
-3-4 on the CPU) and with torchao missing."""
+3-4 on the CPU, the bf16 baseline's noise floor and the saved losses included) and with torchao
+missing. The loss readings against the noise floor are in test_fp8_noise.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import json
 import logging
 import math
 import re
@@ -391,6 +393,31 @@ def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(tmp_path):
     assert e2e["batch_checksum"].nunique() == 1
     assert (e2e["val_loss_diff_pct"].abs() < 2).all()
     assert "Verdict (the CPU, float8 emulated: not FP8 speed)" in text
+    # the noise floor: path 4 (bf16) trained 3 more times with the same seed and once from seed
+    # 1's weights, kept out of the end-to-end table; every run's losses saved for re-plotting
+    assert list(e2e["recipe"]) == ["bf16", "tensorwise", "rowwise"]
+    saved = json.loads((tmp_path / "out" / "results" / "06_losses.json").read_text())
+    runs = saved["runs"]
+    assert set(runs) == {"bf16", "bf16 (repeat 1)", "bf16 (repeat 2)", "bf16 (repeat 3)",
+                         "bf16 (seed 1)", "tensorwise", "rowwise"}
+    assert all(len(r["losses"]) == 12 and r["checksum"] == runs["bf16"]["checksum"]
+               for r in runs.values())
+    assert [runs[k]["float8_recipe"] for k in ("bf16", "bf16 (repeat 1)", "rowwise")] == \
+        [None, None, "rowwise"]
+    assert runs["bf16 (seed 1)"]["seed"] == 1 and runs["bf16 (repeat 2)"]["seed"] == 0
+    noise = saved["noise"]
+    assert noise["same_seed"] == [runs[k]["val_loss"] for k in
+                                  ("bf16", "bf16 (repeat 1)", "bf16 (repeat 2)", "bf16 (repeat 3)")]
+    assert noise["other_seed"] == runs["bf16 (seed 1)"]["val_loss"] != noise["same_seed"][0]
+    assert 0.0 <= noise["floor"] < 1e-3  # a CPU repeats a run (all but) exactly
+    assert saved["recipe"]["lr"] == gpt.SMOKE_PEAK_LR and saved["recipe"]["warmup"] == 9
+    assert (e2e["noise_floor_pct"] == 100 * noise["floor"]).all()
+    assert e2e["loss_reading"].iloc[0] == "baseline"
+    assert all(r.startswith(("within noise", "beyond noise")) for r in e2e["loss_reading"][1:])
+    assert "path 4 (bf16) trained 4 times with the same seed" in text
+    readings = pd.read_csv(tmp_path / "out" / "results" / "06_noise.csv")
+    assert len(readings) == 5 and not readings["run"].str.contains("float8").any()
+    assert "(smoke profile: the tiny model's start is not judged)" in text and "CHECK:" not in text
 
 
 @pytest.mark.notebook
@@ -433,8 +460,11 @@ def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
 @pytest.mark.parametrize(("old", "new", "said"), [
     ("widths = None", "widths = (1000, 768)",
      "widths holds [1000]: FP8 matrix products need multiples of 16"),
-    ('recipes = ("tensorwise", "rowwise")', "recipes = ()", "recipes is empty")])
-def test_widths_fp8_cannot_multiply_and_no_recipe_stop_in_one_sentence(old, new, said):
+    ('recipes = ("tensorwise", "rowwise")', "recipes = ()", "recipes is empty"),
+    ("noise_runs = 3", "noise_runs = 0",
+     "noise_runs = 0: the noise floor needs the bf16 baseline trained at least once more"),
+    ("lr = None", 'lr = "3e-4"', "Parameter lr = '3e-4' must be")])
+def test_bad_widths_recipes_noise_runs_and_lr_stop_in_one_sentence(old, new, said):
     """The notebook's parameters cell, edited, then its checks (the setup cell up to the
     profile): refused in one sentence (a SystemExit, which IPython prints without a traceback)."""
     nb = nbformat.read(NOTEBOOK, as_version=4)

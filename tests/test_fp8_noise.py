@@ -1,0 +1,157 @@
+"""Notebook 06's loss readings against the noise floor of its bf16 baseline: the end-to-end table,
+the verdict and the summary call a float8 loss difference within noise when it is no larger than
+NOISE_FACTOR x the floor and beyond noise when it is larger, say when no floor was measured or
+when the floor is too wide for the 2% target, and never call a winner from step times whose
+spread is too wide."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import bench, fp8, gpt, verdicts
+
+LABELS = {"bf16": "path 4 (bf16)", "tensorwise": "path 4 + float8 tensorwise",
+          "rowwise": "path 4 + float8 rowwise"}
+BASE = 3.0  # path 4's validation loss
+E4M3 = torch.float8_e4m3fn
+
+
+def _run(label, ms, val_loss, spread=0.01, steps=20):
+    losses = [5.5 - 3.0 * i / steps for i in range(steps)]
+    step_ms = [100.0] + [ms * (1 + spread * ((i % 3) - 1)) for i in range(steps - 1)]
+    return bench.Run(label, "cuda", losses=losses, step_ms=step_ms, warmup=1, peak_mem_gib=2.0,
+                     extra={"tokens_per_step": 32768, "val_loss": val_loss, "checksum": 7,
+                            "compile_s": 20.0})
+
+
+def _noise(floor: float) -> verdicts.NoiseFloor:
+    """Four same-seed runs of path 4 whose largest difference is ``floor`` of its loss."""
+    return verdicts.NoiseFloor((BASE, BASE * (1 + floor), BASE * (1 + floor / 2), BASE),
+                               other_seed=BASE * 1.01, what="path 4 (bf16)")
+
+
+def _e2e(tw_diff, rw_diff, *, noise=None, tw_ms=40.0, rw_ms=40.0, tw_spread=0.01):
+    runs = {"bf16": _run(LABELS["bf16"], 50.0, BASE),
+            "tensorwise": _run(LABELS["tensorwise"], tw_ms, BASE * (1 + tw_diff),
+                               spread=tw_spread),
+            "rowwise": _run(LABELS["rowwise"], rw_ms, BASE * (1 + rw_diff))}
+    return fp8.end_to_end_table(runs, LABELS, flops_per_token=gpt.flops_per_token(gpt.GPT2_SMALL),
+                                peak_tflops=989.0, noise=noise)
+
+
+def _line(text: str, recipe: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"float8 {recipe} "))
+
+
+def _sweep() -> pd.DataFrame:
+    rows = [{"shape": "768x768", "kind": "square", "tokens": 1024, "in_features": 768,
+             "out_features": 768, "recipe": recipe, "mode": "compiled", "median_ms": ms,
+             "q1_ms": 0.99 * ms, "q3_ms": 1.01 * ms, "iqr_ms": 0.02 * ms, "compile_s": 1.0}
+            for recipe, ms in (("bf16", 1.0), ("tensorwise", 0.8), ("rowwise", 0.8))]
+    return fp8.sweep_table(rows)
+
+
+def test_the_table_puts_the_floor_and_its_reading_beside_the_difference():
+    floor = 0.004
+    table = _e2e(0.003, 0.012, noise=_noise(floor)).set_index("recipe")
+    assert table["noise_floor_pct"].tolist() == pytest.approx([100 * floor] * 3)
+    assert table.loc["bf16", "loss_reading"] == "baseline"
+    assert table.loc["tensorwise", "loss_reading"] == "within noise"  # 0.3% < 0.4%
+    assert table.loc["rowwise", "loss_reading"] == "beyond noise by 3.0x the floor"  # 1.2%
+    assert table["within_target"].all()
+    far = _e2e(0.003, 0.03, noise=_noise(floor)).set_index("recipe")
+    assert not far.loc["rowwise", "within_target"] and far.loc["tensorwise", "within_target"]
+    bare = _e2e(0.003, 0.012).set_index("recipe")  # no floor measured: no reading invented
+    assert bare["noise_floor_pct"].isna().all()
+    assert bare.loc["rowwise", "loss_reading"] == "not measured"
+
+
+@pytest.mark.parametrize(("diff", "said"), [
+    (0.001, "within noise"),  # smaller than the floor
+    (-0.007, "within noise"),  # larger than the floor, not NOISE_FACTOR x it
+    (0.0081, "beyond noise by 2.0x the floor"),
+    (-0.016, "beyond noise by 4.0x the floor")])
+def test_the_verdict_reads_each_loss_difference_against_the_floor(diff, said):
+    floor = 0.004
+    assert verdicts.NOISE_FACTOR == 2.0
+    text = fp8.verdict(_e2e(diff, 0.0, noise=_noise(floor)), _sweep(), width=768, where="H200",
+                       noise=_noise(floor))
+    line = _line(text, "tensorwise")
+    assert f"validation loss {100 * diff:+.3f}% vs path 4 - {said} (noise floor 0.400%)" in line
+    assert "within the course's 2% target" in line
+    assert text.splitlines()[0] == f"Noise: {_noise(floor).describe()}."
+    # the table's columns alone give the same reading
+    assert _line(fp8.verdict(_e2e(diff, 0.0, noise=_noise(floor)), _sweep(), width=768,
+                             where="H200"), "tensorwise") == line
+
+
+def test_a_faster_float8_run_is_credited_with_its_loss_reading():
+    text = fp8.verdict(_e2e(0.001, 0.012, noise=_noise(0.004)), _sweep(), width=768,
+                       where="H200")
+    verdict = next(line for line in text.splitlines() if line.startswith("Verdict"))
+    assert "float8 speeds up this model's training on this run" in verdict
+    assert "tensorwise's within noise" in verdict
+    assert "rowwise's beyond noise by 3.0x the floor" in verdict
+    assert "does not change" not in text and "changes the loss" not in text
+
+
+def test_without_a_floor_no_loss_is_called_within_or_beyond_noise():
+    text = fp8.verdict(_e2e(0.001, 0.012), _sweep(), width=768, where="H200")
+    assert text.splitlines()[0].startswith("Noise: no floor was measured on this run")
+    for recipe in ("tensorwise", "rowwise"):
+        line = _line(text, recipe)
+        assert "not read against a noise floor" in line and "noise by" not in line
+        assert "within noise" not in line
+
+
+def test_a_floor_too_wide_for_the_target_does_not_let_the_target_be_called_held():
+    wide = _noise(0.012)  # twice the floor, 2.4%, is beyond the 2% target
+    text = fp8.verdict(_e2e(0.001, 0.001, noise=wide), _sweep(), width=768, where="H200")
+    assert "the floor is too wide to read the course's 2% target" in _line(text, "tensorwise")
+    assert "float8 does not speed up" in text
+    words, held = fp8.loss_reading(0.1, 0.012)
+    assert not held and "too wide" in words
+
+
+def test_a_zero_floor_reads_any_difference_beyond_noise():
+    exact = verdicts.NoiseFloor((BASE, BASE, BASE), what="path 4 (bf16)")  # a CPU: exact repeats
+    table = _e2e(0.0001, 0.0, noise=exact).set_index("recipe")
+    assert table.loc["tensorwise", "loss_reading"].startswith("beyond noise")
+    assert table.loc["rowwise", "loss_reading"] == "within noise"  # no difference at all
+
+
+def test_a_timing_whose_spread_is_too_wide_is_not_called_faster():
+    e2e = _e2e(0.001, 0.001, noise=_noise(0.004), tw_ms=30.0, tw_spread=0.4, rw_ms=50.0)
+    text = fp8.verdict(e2e, _sweep(), width=768, where="H200")
+    assert "cannot be told apart on this run (a spread of" in _line(text, "tensorwise")
+    assert "float8 does not speed up" in text
+
+
+def test_the_summary_reads_the_losses_against_the_floor():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    grown = fp8.outlier_sweep(x, [1.0, 1e6], [(E4M3, "tensorwise")], row=0)
+    correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
+                                 "ok": True, "kernel": "FP8 tensor cores"}])
+    noise = _noise(0.004)
+    e2e = _e2e(0.003, 0.012, noise=noise, tw_ms=30.0, tw_spread=0.4)
+    text = fp8.summary(grown, correctness, _sweep(), e2e, where="H200", noise=noise)
+    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
+    assert lines["- noise"] == f"- noise: {noise.describe()}"
+    assert "(+0.300%: within noise)" in lines["- end to end, path 4 + float8 tensorwise"]
+    assert "not told apart from path 4 (a spread of" in lines[
+        "- end to end, path 4 + float8 tensorwise"]
+    rowwise = lines["- end to end, path 4 + float8 rowwise"]
+    assert "(+1.200%: beyond noise by 3.0x the floor)" in rowwise
+    assert "1.25x path 4's speed" in rowwise
+    assert "noise" not in lines["- end to end, path 4 (bf16)"]
+    bare = fp8.summary(grown, correctness, _sweep(), _e2e(0.003, 0.012), where="H200")
+    assert "- noise: no floor measured here" in bare and "(+0.300%: no noise floor)" in bare
+
+
+def test_loss_reading_handles_a_missing_loss():
+    words, held = fp8.loss_reading(math.nan, 0.004)
+    assert not held and words == "no validation loss to compare"
