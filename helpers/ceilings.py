@@ -202,6 +202,10 @@ def peak_tflops(device_name: str, ceilings: dict | None = None) -> tuple[float, 
     raise ValueError(f"no peak known for '{device_name}' and no measured ceilings given")
 
 
+# What a reading says in place of a percentage of a ceiling that :func:`above_ceiling` flags.
+NOT_SHOWN = "not shown: above 100%, so the ceiling check failed (see the CHECK line)"
+
+
 def is_above(pct: float) -> bool:
     """True for a percentage of a ceiling that :func:`above_ceiling` flags (above 100)."""
     return pct == pct and pct > 100.0
@@ -212,7 +216,7 @@ def pct_text(pct: float, of: str = "", fmt: str = ".0f") -> str:
     it, a note instead: a figure its CHECK line called impossible is never shown as a reading."""
     if is_above(pct):
         what = f"the share of {of}" if of else "the figure"
-        return f"{what} not shown: above 100%, so the ceiling check failed (see the CHECK line)"
+        return f"{what} {NOT_SHOWN}"
     return f"{pct:{fmt}}%" + (f" of {of}" if of else "")
 
 

@@ -239,15 +239,16 @@ def time_entry(e: Entry, x: torch.Tensor, dy: torch.Tensor, pass_: str, copy_gbp
                warmup: int, repeats: int) -> dict:
     """One timing row: GPU time (median, IQR; :func:`helpers.bench.gpu_time`), ``call_ms`` (the
     median of back-to-back calls, host included; the same timing on the CPU), ``launch_bound``
-    (call_ms clearly above the GPU time, :func:`helpers.verdicts.is_tie`), bytes, GB/s and the
-    share of the copy ceiling."""
+    (call_ms clearly above the GPU time by :func:`helpers.verdicts.is_tie`, read against the GPU
+    time's IQR), bytes, GB/s and the share of the copy ceiling."""
     t, call_ms = bench.gpu_time(step_fn(e.module, x, dy, pass_), x.device, warmup=warmup,
                                 repeats=repeats, label=e.name)
     tokens, hidden = x.shape
     vectors = sum(p.numel() * p.element_size() for p in params_of(e.module))
     nbytes = norm_bytes(tokens, hidden, x.element_size(), e.cfg.w_dtype.itemsize, vectors, pass_)
     gbps = ceilings.bandwidth_gbps(nbytes, t.median_ms)
-    launch_bound = call_ms > t.median_ms and not verdicts.is_tie(call_ms, t.median_ms)
+    launch_bound = call_ms > t.median_ms and not verdicts.is_tie(
+        call_ms, t.median_ms, b_iqr=(t.q1_ms, t.q3_ms))  # a noisy GPU time proves nothing
     return {"norm": e.norm, "candidate": e.name, "dtype": e.cfg.label, "pass": pass_,
             "median_ms": t.median_ms, "q1_ms": t.q1_ms, "q3_ms": t.q3_ms, "iqr_ms": t.iqr_ms,
             "call_ms": call_ms, "launch_bound": launch_bound, "gbps": gbps,
@@ -295,10 +296,21 @@ def family(name: str) -> str:
 VERDICT_KEYS = ["norm", "dtype", "pass"]
 
 
+def noisy_families(group: pd.DataFrame) -> str:
+    """The families (:func:`family`) of the rows whose GPU time is too noisy to compare
+    (:func:`helpers.verdicts.too_noisy`: an IQR over ``SPREAD_LIMIT`` of the median)."""
+    return ", ".join(family(r.candidate) for r in group.itertuples()
+                     if verdicts.too_noisy(float(r.median_ms), (float(r.q1_ms), float(r.q3_ms))))
+
+
 def verdict_table(timing: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
-    """One row per norm, dtype and pass: the fastest by GPU time (with those indistinguishable
-    from it), its median, each candidate family's time over it, the fastest by ``call_ms``
-    (host included), and the candidates whose call_ms clearly exceeds their GPU time."""
+    """One row per norm, dtype and pass: the fastest by GPU time (with those that cannot be told
+    apart from it), its median, each candidate family's time over it, the fastest by
+    ``call_ms`` (host included), the candidates whose call_ms clearly exceeds their GPU time,
+    and ``too_noisy``: the families whose GPU time spreads too wide to compare (then the row has
+    no winner on this run, whatever ``fastest`` says: a noisy candidate is tied with it)."""
+    import pandas as pd
+
     by = by or VERDICT_KEYS
     gpu = verdicts.verdict_table(timing, by, label=family)
     host = verdicts.verdict_table(timing, by, value="call_ms", iqr=None, label=family)
@@ -306,8 +318,44 @@ def verdict_table(timing: pd.DataFrame, by: list[str] | None = None) -> pd.DataF
         "fastest": "fastest_call", "tied_with_fastest": "tied_call", "fastest_ms": "call_ms"})
     bound = (timing[timing["launch_bound"]].groupby(by, sort=False)["candidate"]
              .agg(lambda names: ", ".join(map(family, names))).rename("launch_bound"))
+    noisy = [{**dict(zip(by, keys if isinstance(keys, tuple) else (keys,), strict=True)),
+              "too_noisy": noisy_families(group)}
+             for keys, group in timing.groupby(by, sort=False)]
     table = gpu.merge(host, on=by, how="left").merge(bound.reset_index(), on=by, how="left")
-    return table.fillna({"launch_bound": ""})
+    table = table.merge(pd.DataFrame(noisy, columns=[*by, "too_noisy"]), on=by, how="left")
+    return table.fillna({"launch_bound": "", "too_noisy": ""})
+
+
+def summary_lines(verdict: pd.DataFrame) -> list[str]:
+    """The summary's reading of :func:`verdict_table`: the families clearly fastest (by the tie
+    rule) and how many rows are ties or too noisy to compare, then the mixed-dtype rows: where
+    Apex's MixedFused is clearly fastest or tied with the fastest. A row too noisy to compare
+    counts as neither a win nor a tie."""
+    noisy = verdict["too_noisy"] != ""
+    tied = (verdict["tied_with_fastest"] != "") & ~noisy
+    clear = verdict[~noisy & ~tied]
+    wins = clear["fastest"].map(family).value_counts()
+    line = (f"- clearly fastest by GPU time, of {len(verdict)} norm x dtype x pass rows: "
+            + (", ".join(f"{name} {n}" for name, n in wins.items()) or "none"))
+    if tied.any():
+        line += f"; tied with another in {int(tied.sum())}"
+    if noisy.any():
+        line += (f"; too noisy to compare on this run in {int(noisy.sum())} (an IQR over "
+                 f"{verdicts.SPREAD_LIMIT:.0%} of its median: cold caches on a first run or a "
+                 "busy machine - re-run to compare)")
+    lines = [line]
+    mixed = verdict["dtype"].str.contains("->")
+    if mixed.any():
+        apex_first = verdict["fastest"].str.startswith("apex")
+        apex_tied = verdict["tied_with_fastest"].str.contains("apex")
+        won = int((mixed & ~noisy & ~tied & apex_first).sum())
+        shared = int((mixed & tied & (apex_first | apex_tied)).sum())
+        line = (f"- mixed dtypes, {int(mixed.sum())} rows: apex MixedFused clearly fastest in "
+                f"{won}, tied with the fastest in {shared}")
+        if (mixed & noisy).any():
+            line += f", too noisy to compare in {int((mixed & noisy).sum())}"
+        lines.append(line + ", against norm + cast (eager, and compiled where it ran)")
+    return lines
 
 
 def bars(df, pass_: str, copy_gbps: float):
@@ -359,12 +407,16 @@ def sweep_chart(df, copy_gbps: float):
 
 def crossovers(sweep: pd.DataFrame) -> pd.DataFrame:
     """Hidden size x (norm, pass): the fastest family by GPU time, 'A = B' where the fastest
-    cannot be told apart from others (:func:`helpers.verdicts.verdict_table`)."""
-    table = verdicts.verdict_table(sweep, ["norm", "pass", "hidden"], label=family)
+    cannot be told apart from others (:func:`helpers.verdicts.verdict_table`), and
+    '(too noisy)' after them where a GPU time spreads too wide to compare on this run."""
+    keys = ["norm", "pass", "hidden"]
+    table = verdicts.verdict_table(sweep, keys, label=family)
+    noisy = {k: noisy_families(g) for k, g in sweep.groupby(keys, sort=False)}
 
     def cell(row) -> str:
         tied = [family(n) for n in row.tied_with_fastest.split(", ") if n]
-        return " = ".join([family(row.fastest), *tied])
+        text = " = ".join([family(row.fastest), *tied])
+        return text + (" (too noisy)" if noisy[(row.norm, row["pass"], row.hidden)] else "")
 
     table["fastest"] = table.apply(cell, axis=1)
     return table.pivot(index="hidden", columns=["norm", "pass"], values="fastest")

@@ -309,8 +309,8 @@ def tensor_count_sweep(optimizers: dict[str, Factory], total: int, counts: list[
 def sweep_reading(df) -> pd.DataFrame:
     """Per candidate: the step time with the fewest and with the most tensors, their ratio
     (``slowdown``: how much longer the same parameter count takes when split into more tensors;
-    the raw ratio of the medians) and ``reading``: 'Nx the time', or 'cannot tell apart on this
-    run (why)' where the tie rule cannot separate the two timings."""
+    the raw ratio of the medians), ``reading``: 'Nx the time', or 'cannot tell apart on this
+    run' where the tie rule cannot separate the two timings, and ``why`` not (else '')."""
     import pandas as pd
 
     lo, hi = int(df["tensors"].min()), int(df["tensors"].max())
@@ -327,16 +327,15 @@ def sweep_reading(df) -> pd.DataFrame:
         why = verdicts.tie_reason(a_ms, b_ms, a_iqr=iqr(a), b_iqr=iqr(b))
         rows.append({"candidate": name, f"ms_at_{lo}_tensors": a_ms, f"ms_at_{hi}_tensors": b_ms,
                      "slowdown": b_ms / a_ms,
-                     "reading": f"{TIE_WORD} on this run ({why})" if why
-                     else f"{b_ms / a_ms:.1f}x the time"})
+                     "reading": f"{TIE_WORD} on this run" if why
+                     else f"{b_ms / a_ms:.1f}x the time", "why": why})
     return pd.DataFrame(rows)
 
 
 def sweep_sentence(reading: pd.DataFrame) -> str:
     """The summary's reading of :func:`sweep_reading`: the steepest and the flattest candidate
     among those whose two timings can be told apart, and which could not be read (and why)."""
-    clear = reading[~reading["reading"].str.startswith(TIE_WORD)]
-    unread = reading[reading["reading"].str.startswith(TIE_WORD)]
+    clear, unread = reading[reading["why"] == ""], reading[reading["why"] != ""]
     parts = []
     if len(clear):
         steep = clear.loc[clear["slowdown"].idxmax()]
@@ -344,7 +343,8 @@ def sweep_sentence(reading: pd.DataFrame) -> str:
         parts.append(f"{steep.candidate} took {steep.slowdown:.1f}x the time"
                      + ("" if flat.candidate == steep.candidate else
                         f", {flat.candidate} {flat.slowdown:.1f}x"))
-    parts += [f"{r.candidate} {r.reading}" for r in unread.itertuples()]
+    parts += [f"{r.candidate}: its two step times cannot be told apart on this run ({r.why})"
+              for r in unread.itertuples()]
     return "; ".join(parts)
 
 

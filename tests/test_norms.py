@@ -213,7 +213,8 @@ def test_verdict_table_shares_columns_through_the_label_and_judges_call_ms():
     table = norms.verdict_table(pd.DataFrame(rows))
     assert list(table.columns) == [
         "norm", "dtype", "pass", "fastest", "tied_with_fastest", "fastest_ms", "torch.compile x",
-        "torch x", "apex Fused x", "fastest_call", "tied_call", "call_ms", "launch_bound"]
+        "torch x", "apex Fused x", "fastest_call", "tied_call", "call_ms", "launch_bound",
+        "too_noisy"]
     ln, rms = table.iloc[0], table.iloc[1]
     assert ln["fastest"] == "torch.compile LayerNorm" and math.isnan(ln["apex Fused x"])
     assert ln["fastest_call"] == "torch LayerNorm" and ln["call_ms"] == 1.5  # host included
@@ -221,6 +222,7 @@ def test_verdict_table_shares_columns_through_the_label_and_judges_call_ms():
     # the mixed case: Apex judged against the best native, the compiled norm-and-cast
     assert rms["fastest"] == "apex MixedFusedRMSNorm" and rms["torch.compile x"] == 1.2
     assert rms["torch x"] == 2.0 and rms["launch_bound"] == ""
+    assert list(table["too_noisy"]) == ["", ""]
 
 
 def test_family_drops_the_norm_the_cast_and_mixed():

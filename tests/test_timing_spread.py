@@ -88,10 +88,10 @@ def test_sweep_reading_does_not_turn_a_noisy_pair_into_a_slowdown():
     reading = chapter.sweep_reading(sweep((0.04, 0.01, 0.2), (384.0, 380.0, 390.0)))
     row = reading.iloc[0]
     assert row.slowdown == pytest.approx(9600.0)  # the raw ratio stays in the table
-    assert row.reading.startswith("cannot tell apart on this run (a spread of")
+    assert row.reading == "cannot tell apart on this run" and row.why.startswith("a spread of")
     sentence = chapter.sweep_sentence(reading)
     assert "x the time" not in sentence and not RATIO.search(sentence)
-    assert sentence.startswith("fused cannot tell apart on this run")
+    assert sentence.startswith("fused: its two step times cannot be told apart on this run")
 
 
 def test_sweep_sentence_reads_the_clear_candidates_and_names_the_others():
@@ -100,7 +100,7 @@ def test_sweep_sentence_reads_the_clear_candidates_and_names_the_others():
     both = pd.concat([clear, noisy, clear.assign(candidate="for-loop", median_ms=[1.0, 30.0],
                                                   q1_ms=[0.99, 29.0], q3_ms=[1.01, 31.0])])
     sentence = chapter.sweep_sentence(chapter.sweep_reading(both))
-    assert sentence.startswith("for-loop took 30.0x the time, foreach 10.0x; fused cannot tell")
+    assert sentence.startswith("for-loop took 30.0x the time, foreach 10.0x; fused: its two")
     assert "20.0x" not in sentence
 
 
@@ -153,3 +153,67 @@ def test_pct_text_and_above_ceiling_flag_the_same_figures():
     for pct in (0.0, 99.9, 100.0, 100.01, 150.0, float("nan")):
         flagged = bool(ceilings.above_ceiling({"x": pct}, "copy ceiling", "cpu"))
         assert flagged == ceilings.is_above(pct) == ("not shown" in ceilings.pct_text(pct))
+
+
+# ------------------------------------------------------------------ 03: the verdict table
+def norm_rows(dtype, times, spread=0.01, noisy=()):
+    """One norm x dtype x pass group: candidate -> median; ``noisy`` ones get a 60% IQR."""
+    group = {"norm": "LayerNorm", "dtype": dtype, "pass": "forward+backward"}
+    out = []
+    for name, ms in times.items():
+        half = 0.3 if name in noisy else spread
+        out.append({**group, "candidate": name, "median_ms": ms, "q1_ms": ms * (1 - half),
+                    "q3_ms": ms * (1 + half), "call_ms": ms, "launch_bound": False})
+    return out
+
+
+def test_norm_verdicts_count_no_win_where_a_timing_is_too_noisy():
+    from helpers import norms
+
+    timing = pd.DataFrame(
+        norm_rows("bf16", {"apex FusedLayerNorm": 1.0, "torch LayerNorm": 3.0},
+                  noisy=("apex FusedLayerNorm",))
+        + norm_rows("fp32", {"apex FusedLayerNorm": 1.0, "torch LayerNorm": 2.0})
+        + norm_rows("fp32->bf16", {"apex MixedFusedLayerNorm": 1.0, "torch LayerNorm + cast": 4.0},
+                    noisy=("torch LayerNorm + cast",)))
+    verdict = norms.verdict_table(timing)
+    assert list(verdict["too_noisy"]) == ["apex Fused", "", "torch"]
+    assert list(verdict["tied_with_fastest"]) == ["torch LayerNorm", "", "torch LayerNorm + cast"]
+    wins, mixed = norms.summary_lines(verdict)
+    assert wins.startswith("- clearly fastest by GPU time, of 3 norm x dtype x pass rows: "
+                           "apex Fused 1; too noisy to compare on this run in 2")
+    assert "tied with another" not in wins  # a noisy row is not a tie either
+    assert mixed.startswith("- mixed dtypes, 1 rows: apex MixedFused clearly fastest in 0, "
+                            "tied with the fastest in 0, too noisy to compare in 1")
+
+
+def test_crossovers_mark_a_noisy_size():
+    from helpers import norms
+
+    rows_ = []
+    for hidden, noisy in ((64, ()), (128, ("torch LayerNorm",))):
+        for r in norm_rows("fp32", {"apex FusedLayerNorm": 1.0, "torch LayerNorm": 2.0},
+                           noisy=noisy):
+            rows_.append({**r, "hidden": hidden})
+    table = norms.crossovers(pd.DataFrame(rows_).drop(columns=["dtype"]))
+    assert list(table[("LayerNorm", "forward+backward")]) == [
+        "apex Fused", "apex Fused = torch (too noisy)"]
+
+
+@pytest.mark.parametrize("samples, bound", [([0.5, 0.5, 1.0, 2.5, 2.5], False),
+                                             ([0.98, 0.99, 1.0, 1.01, 1.02], True)])
+def test_launch_bound_reads_the_gpu_time_spread(monkeypatch, samples, bound):
+    # call_ms 2 ms against a GPU time of 1 ms: launch-bound only when the GPU time is tight
+    import torch
+
+    from helpers import norms
+
+    def gpu_time(fn, device, *, warmup, repeats, label):
+        return bench.Timing(label, samples, "cpu"), 2.0
+
+    monkeypatch.setattr(norms.bench, "gpu_time", gpu_time)
+    cfg = norms.Config("fp32", "fp32")
+    entry = norms.Entry("LayerNorm", "torch LayerNorm", cfg, torch.nn.LayerNorm(8), False)
+    x, dy = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
+    row = norms.time_entry(entry, x, dy, "forward", 10.0, warmup=0, repeats=5)
+    assert row["launch_bound"] is bound

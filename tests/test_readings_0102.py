@@ -1,0 +1,157 @@
+"""The reading and summary cells of notebooks 01 and 02, run without a kernel on planted
+tables: a ceiling check that fired keeps its figures out of every reading, and noisy timings
+give 'cannot tell apart on this run', never a ratio."""
+
+import contextlib
+import io
+import re
+import types
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import torch
+
+from helpers import bench, ceilings, verdicts
+from helpers import optimizers as chapter
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cell(notebook: str, starts: str) -> str:
+    """The source of the one code cell of ``notebook`` that starts with ``starts``."""
+    nb = nbformat.read(ROOT / "notebooks" / notebook, as_version=4)
+    found = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith(starts)]
+    assert len(found) == 1, (notebook, starts, len(found))
+    return found[0]
+
+
+def run(sources: list[str], space: dict) -> str:
+    """Execute the cells in ``space`` and return what they printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        for source in sources:
+            exec(source, space)
+    return out.getvalue()
+
+
+def timing(label, median, spread=0.01, n=25):
+    """A Timing whose IQR is about ``spread`` of its median on each side."""
+    lo, hi = median * (1 - spread), median * (1 + spread)
+    samples = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+    return bench.Timing(label, samples, "cpu")
+
+
+# ------------------------------------------------------------------ 01, section 6 and summary
+def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda"):
+    n, k = 1024, 5
+    flops = ceilings.matmul_flops(n, n, n) / 1e12
+    gap = {label: timing(label, ms, spread) for label, ms in gap_ms.items()}
+    labels = list(gap)
+    pct = {label: ceilings.pct_of(flops / (t.median_ms * 1e-3), ceiling_tflops)
+           for label, t in gap.items()}
+    runs = {label: gap[label] for label in labels[2:]}
+    return {"n": n, "k": k, "gap": gap, "pct": pct, "runs": runs, "first": labels[0],
+            "last": labels[1], "ceiling_tflops": ceiling_tflops, "ceiling_key": "bf16",
+            "ceiling": {"matmul_n": n, "matmul_tflops": {"bf16": ceiling_tflops},
+                        "device": "GPU", "copy_gbps": 3000.0},
+            "device": torch.device(device), "ceilings": ceilings, "verdicts": verdicts}
+
+
+GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101,
+       "back to back": 0.0100, "L2 flush before each repeat": 0.0120,
+       "idle 50 ms before each repeat": 0.0130}
+
+
+def test_01_reading_hides_percentages_the_ceiling_check_flagged():
+    # a ceiling planted 100x too low: every share would read above 10000%
+    space = space_01(GAP, ceiling_tflops=2.0)
+    assert all(ceilings.is_above(v) for v in space["pct"].values())
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    assert ceilings.NOT_SHOWN in text
+    assert not re.search(r"\d{4,}%", text), text  # the shares are above 10000%
+    assert "points" not in text  # points of a ceiling the check rejected
+    assert "L2 flush before each repeat: +20.0% time against back to back" in text
+    assert "what it loses beyond that: L2 flush before each repeat (+20% time)" in text
+
+
+def test_01_reading_gives_points_when_the_ceiling_holds():
+    space = space_01(GAP, ceiling_tflops=250.0)  # 214.7 TFLOP/s back to back: 86%
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    assert "reached 86% of the 250 TFLOP/s bf16 ceiling" in text
+    assert "cannot be told apart from back to back, repeats 1-5 on this run (within 3%)" in text
+    assert "L2 flush before each repeat: -14.3 points against back to back" in text
+
+
+def test_01_noisy_conditions_are_not_read_as_a_change():
+    space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 60% of their medians
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    assert "points against" not in text and "time against" not in text
+    assert text.count("cannot be told apart") == 3
+    assert "too noisy to compare on this run" in text and "re-run" in text
+    assert "none of the conditions measurably slows it" not in text
+
+
+def test_01_summary_does_not_print_a_flagged_percentage():
+    space = space_01(GAP, ceiling_tflops=2.0)
+    run([cell("01_environment_and_apex_build.ipynb", "flagged = any(")], space)
+    space.update(env={"gpu_name": "GPU", "torch": "x", "torch_cuda": "x"},
+                 tools={"nvcc_release": "x"}, extension_imports={}, hand_checks={},
+                 apexcheck=types.SimpleNamespace(summary=lambda table: "apex"), table=None,
+                 warning="", naive_ms=0.01, synced_ms=0.01, helper_ms=0.01,
+                 timing=timing("t", 0.01), synced_verdict="x")
+    text = run([cell("01_environment_and_apex_build.ipynb", "rates = ")], space)
+    line = next(x for x in text.splitlines() if x.startswith("- % of the matmul ceiling"))
+    assert line == f"- % of the matmul ceiling: {ceilings.NOT_SHOWN}"
+
+
+# ------------------------------------------------------------------ 02, summary
+def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
+    """02's summary namespace: step = name -> samples; sweep rows as the sweep table's."""
+    timings = [bench.Timing(name, samples, "cpu", meta={"bytes_per_step": 28_000_000})
+               for name, samples in step.items()]
+    table = chapter.step_table(timings, 1_000_000, copy_gbps)
+    correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
+    tables = {"step": table, "sweep_reading": chapter.sweep_reading(pd.DataFrame(sweep_rows)),
+              "correctness": correct,
+              "verdicts": chapter.comparison_table(table, [("fused", "foreach")])}
+    return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
+            "env": {"gpu_name": ""}, "profile": types.SimpleNamespace(name="smoke"),
+            "numel": 1_000_000, "params": [0] * 48, "step_bytes": 28e6, "floor_ms": 0.01,
+            "optimizers": dict.fromkeys(step), "atol": 1e-6, "check_steps": 5,
+            "total": 2**16, "counts": [4, 256]}
+
+
+def sweep_row(name, tensors, median, spread):
+    return {"tensors": tensors, "params_per_tensor": 2**16 // tensors, "candidate": name,
+            "median_ms": median, "q1_ms": median * (1 - spread), "q3_ms": median * (1 + spread)}
+
+
+def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
+    step = {"fused": [1.0, 1.0, 1.01, 1.02, 1.02], "foreach": [2.0, 2.0, 2.01, 2.02, 2.02]}
+    sweep = [sweep_row("fused", 4, 0.04, 0.5), sweep_row("fused", 256, 384.0, 0.01),
+             sweep_row("foreach", 4, 1.0, 0.01), sweep_row("foreach", 256, 11.8, 0.01)]
+    space = space_02(step, sweep, copy_gbps=0.01)  # planted too low: 2.8e6 % of it
+    table = space["tables"]["step"]
+    assert ceilings.above_ceiling(dict(zip(table["candidate"], table["pct_of_copy_ceiling"],
+                                           strict=True)), "copy ceiling", "cpu")
+    text = run([cell("02_fused_adam_vs_adamw.ipynb", 'step_times, sweep = tables["step"]')],
+               space)
+    assert "fastest: fused, 1.01 ms per step, the share of the copy ceiling not shown" in text
+    assert not re.search(r"\d{4,}%", text), text  # the shares are above 1e6 %
+    assert ("fused: its two step times cannot be told apart on this run (a spread of 100% of "
+            "its median: cold caches or a busy machine - re-run to compare)") in text
+    assert "foreach took 11.8x the time" in text and "9600" not in text
+
+
+def test_02_summary_names_no_fastest_when_a_step_time_is_too_noisy():
+    step = {"fused": [0.2, 0.5, 1.0, 2.0, 5.0], "foreach": [2.0, 2.0, 2.01, 2.02, 2.02]}
+    sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
+    text = run([cell("02_fused_adam_vs_adamw.ipynb", 'step_times, sweep = tables["step"]')],
+               space_02(step, sweep, copy_gbps=1000.0))
+    line = next(x for x in text.splitlines() if x.startswith("- fastest"))
+    assert line.startswith("- fastest: none on this run: the timings are too noisy to compare")
+    assert "ms per step" not in line and "re-run" in line
