@@ -257,7 +257,7 @@ def noise_note(noisy: dict[str, float]) -> str:
         return f"{x:.1%}" if x < 2 * verdicts.SPREAD_LIMIT else f"{x:.0%}"
 
     names = ", ".join(f"{name} {share(x)}" for name, x in noisy.items())
-    return (f"the timings are too noisy to compare on this run (IQR more than "
+    return (f"the timings are too noisy to compare (IQR more than "
             f"{verdicts.SPREAD_LIMIT:.0%} of the median: {names}), cold caches on a first run "
             "or a busy machine - re-run to compare")
 
