@@ -461,12 +461,12 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
         return "The bf16 run (path 4) did not run here, so there is no end-to-end verdict."
     base = ran.loc[baseline]
     floor = _floor(e2e, noise)
-    lines = [f"Noise: {noise.describe()}." if noise is not None else
-             f"Noise: floor {floor:.3%} (path 4 trained again with the same seed)."
+    lines = [f"The {noise.describe()}." if noise is not None else
+             f"The noise floor {floor:.3%} (path 4 trained again with the same seed)."
              if math.isfinite(floor) else
-             "Noise: no floor was measured on this run, so no loss difference is read against "
+             "No noise floor was measured on this run, so no loss difference is read against "
              "one."]
-    helps, readings = [], []
+    helps, readings, unread = [], [], []
     for recipe, row in e2e.set_index("recipe").iterrows():
         if recipe == baseline:
             continue
@@ -485,6 +485,8 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
         if faster and agrees:
             helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
             readings.append(f"{recipe}'s {verdicts.noise_reading(diff / 100.0, floor)}")
+        elif faster and "too wide" in words:
+            unread.append(recipe)
     if helps:
         read = ("" if not math.isfinite(floor) else
                 " (against the noise floor: " + "; ".join(readings) + ")")
@@ -494,7 +496,10 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
     else:
         lines.append(f"Verdict ({where}): float8 does not speed up this model's training on "
                      "this run: no recipe was measurably faster than path 4 (bf16) with its "
-                     f"validation loss within the course's {VAL_LOSS_TOLERANCE:.0%} target.")
+                     f"validation loss within the course's {VAL_LOSS_TOLERANCE:.0%} target"
+                     + (f" ({', '.join(unread)} faster, but the noise floor is too wide to read "
+                        "its loss against the target; so wide a floor points at an unhealthy start)"
+                        if unread else "") + ".")
     for recipe in [r for r in e2e["recipe"] if r != baseline]:
         if sweep.empty or recipe not in set(sweep["recipe"]):
             continue
@@ -546,9 +551,9 @@ def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
     if ran.empty:
         return "\n".join(lines)
     floor = _floor(e2e, noise)
-    lines.append("- noise: " + (noise.describe() if noise is not None else
-                                f"floor {floor:.3%}" if math.isfinite(floor) else
-                                "no floor measured here, so no loss is read against one"))
+    lines.append("- " + (noise.describe() if noise is not None else
+                         f"noise floor {floor:.3%}" if math.isfinite(floor) else
+                         "noise floor: not measured here, so no loss is read against one"))
     if peak_source:
         lines.append(f"- end to end, MFU against the {peak_source}:")
     base = ran[ran["recipe"] == baseline]

@@ -83,7 +83,7 @@ def test_the_verdict_reads_each_loss_difference_against_the_floor(diff, said):
     line = _line(text, "tensorwise")
     assert f"validation loss {100 * diff:+.3f}% vs path 4 - {said} (noise floor 0.400%)" in line
     assert "within the course's 2% target" in line
-    assert text.splitlines()[0] == f"Noise: {_noise(floor).describe()}."
+    assert text.splitlines()[0] == f"The {_noise(floor).describe()}."
     # the table's columns alone give the same reading
     assert _line(fp8.verdict(_e2e(diff, 0.0, noise=_noise(floor)), _sweep(), width=768,
                              where="H200"), "tensorwise") == line
@@ -101,7 +101,7 @@ def test_a_faster_float8_run_is_credited_with_its_loss_reading():
 
 def test_without_a_floor_no_loss_is_called_within_or_beyond_noise():
     text = fp8.verdict(_e2e(0.001, 0.012), _sweep(), width=768, where="H200")
-    assert text.splitlines()[0].startswith("Noise: no floor was measured on this run")
+    assert text.splitlines()[0].startswith("No noise floor was measured on this run")
     for recipe in ("tensorwise", "rowwise"):
         line = _line(text, recipe)
         assert "not read against a noise floor" in line and "noise by" not in line
@@ -113,6 +113,7 @@ def test_a_floor_too_wide_for_the_target_does_not_let_the_target_be_called_held(
     text = fp8.verdict(_e2e(0.001, 0.001, noise=wide), _sweep(), width=768, where="H200")
     assert "the floor is too wide to read the course's 2% target" in _line(text, "tensorwise")
     assert "float8 does not speed up" in text
+    assert "(tensorwise, rowwise faster, but the noise floor is too wide" in text
     words, held = fp8.loss_reading(0.1, 0.012)
     assert not held and "too wide" in words
 
@@ -140,7 +141,7 @@ def test_the_summary_reads_the_losses_against_the_floor():
     e2e = _e2e(0.003, 0.012, noise=noise, tw_ms=30.0, tw_spread=0.4)
     text = fp8.summary(grown, correctness, _sweep(), e2e, where="H200", noise=noise)
     lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
-    assert lines["- noise"] == f"- noise: {noise.describe()}"
+    assert f"- {noise.describe()}" in text.splitlines()
     assert "(+0.300%: within noise)" in lines["- end to end, path 4 + float8 tensorwise"]
     assert "not told apart from path 4 (a spread of" in lines[
         "- end to end, path 4 + float8 tensorwise"]
@@ -149,7 +150,7 @@ def test_the_summary_reads_the_losses_against_the_floor():
     assert "1.25x path 4's speed" in rowwise
     assert "noise" not in lines["- end to end, path 4 (bf16)"]
     bare = fp8.summary(grown, correctness, _sweep(), _e2e(0.003, 0.012), where="H200")
-    assert "- noise: no floor measured here" in bare and "(+0.300%: no noise floor)" in bare
+    assert "- noise floor: not measured here" in bare and "(+0.300%: no noise floor)" in bare
 
 
 def test_loss_reading_handles_a_missing_loss():
