@@ -438,15 +438,23 @@ def step_diff(a: bench.Run, b: bench.Run) -> float:
     return max(abs(x - y) for x, y in zip(a.losses, b.losses, strict=True))
 
 
+def end_loss(run: bench.Run) -> float:
+    """The loss two runs are compared by: the validation loss the script measured after
+    training (the same held-out batches for every run), else the mean of the last tenth of the
+    training steps (``bench.Run.final_loss``)."""
+    value = run.extra.get("val_loss")
+    return run.final_loss if value is None else float(value)
+
+
 def noise_floor(runs: dict[str, bench.Run], baseline: str = "plain"
                 ) -> tuple[verdicts.NoiseFloor, float]:
     """The baseline's noise floor from its repeats in ``runs`` (name -> run, the script's
-    ``extra`` holding each run's seed): of the final loss (the mean of the last tenth of the
-    steps, relative: :class:`verdicts.NoiseFloor`), and of the loss at any one step (the largest
-    per-step difference between two same-seed runs, in nats)."""
+    ``extra`` holding each run's seed): of the end loss (:func:`end_loss`, relative:
+    :class:`verdicts.NoiseFloor`), and of the loss at any one step (the largest per-step
+    difference between two same-seed runs, in nats)."""
     same, other = _same_seed(runs, baseline)
-    floor = verdicts.NoiseFloor(same_seed=tuple(r.final_loss for r in same),
-                                other_seed=None if other is None else other.final_loss,
+    floor = verdicts.NoiseFloor(same_seed=tuple(end_loss(r) for r in same),
+                                other_seed=None if other is None else end_loss(other),
                                 what=baseline)
     per_step = max(step_diff(a, b) for i, a in enumerate(same) for b in same[i + 1:])
     return floor, per_step
@@ -461,8 +469,9 @@ def noise_table(runs: dict[str, bench.Run], baseline: str = "plain",
     the two floors."""
     floor, per_step = noise_floor(runs, baseline)
     names = [n for n in runs if n in compared or wrapper_of(n) == baseline]
-    table = verdicts.loss_comparison({n: runs[n].final_loss for n in names}, baseline, floor)
-    table = table.rename(columns={"val_loss": "final_loss"})
+    table = verdicts.loss_comparison({n: end_loss(runs[n]) for n in names}, baseline, floor)
+    if any(runs[n].extra.get("val_loss") is None for n in names):  # an older script's runs
+        table = table.rename(columns={"val_loss": "final_loss"})
     table.insert(1, "seed", [runs[n].extra.get("seed") for n in names])
     steps = [step_diff(runs[n], runs[baseline]) for n in names]
     table["max_step_diff"] = steps
@@ -483,7 +492,8 @@ def noise_sentence(row, against: str = "plain") -> str:
     target = ("within" if row["within_target"] else "NOT within") + \
         f" the {verdicts.LOSS_TOLERANCE:.0%} target"
     floor, step = row["noise_floor_pct"] / 100, row["step_floor"]
-    return (f"{row['run']} vs {against}: final loss {_relative(row['diff_pct'] / 100)} - "
+    what = "validation loss" if "val_loss" in row else "final loss"
+    return (f"{row['run']} vs {against}: {what} {_relative(row['diff_pct'] / 100)} - "
             f"{row['reading']}" + (f" (floor {floor:.3%})" if floor else "") +
             f"; largest per-step difference {row['max_step_diff']:.1e} nats - "
             f"{row['step_reading']}" + (f" (floor {step:.1e})" if step else "") + f"; {target}")
@@ -494,13 +504,15 @@ def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_st
     """Every run's per-step losses and gradient norms, with the floors, for ``07_losses.json``."""
     return {"runs": {name: {"wrapper": wrapper_of(name), "seed": r.extra.get("seed"),
                             "world_size": r.extra.get("world_size"),
-                            "final_loss": r.final_loss, "losses": r.losses,
+                            "final_loss": r.final_loss, "val_loss": r.extra.get("val_loss"),
+                            "losses": r.losses,
                             "grad_norms": r.extra.get("grad_norms")}
                      for name, r in runs.items()},
             "noise_floor": {"same_seed": list(floor.same_seed), "other_seed": floor.other_seed,
                             "floor": floor.floor, "seed_spread": floor.seed_spread,
                             "per_step_floor_nats": per_step, "described": floor.describe()},
-            "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)"}
+            "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)",
+            "val_loss": "the same held-out batches for every run, after training; the floor's"}
 
 
 def spread_sentence(run: bench.Run, base_ms: float, baseline: str = "plain") -> str:

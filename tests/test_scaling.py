@@ -52,10 +52,12 @@ def notebook_script() -> str:
 
 
 def check_plan(corpus: Path, **changes) -> dict:
-    """The notebook's CPU check: tiny model, fp32, gloo, 8 sequences per step."""
+    """The notebook's CPU check: tiny model, fp32, gloo, 8 sequences per step (the held-out
+    bytes beside the corpus, as the notebook writes them)."""
     plan = dict(cfg=dataclasses.asdict(gpt.TINY), backend="gloo", global_batch=8, accum=1,
                 steps=4, warmup=1, lr=gpt.PEAK_LR, lr_warmup=2, seed=0, amp=None,
-                variants=["plain"], seeds={}, corpus=str(corpus), timeout_s=60,
+                variants=["plain"], seeds={}, corpus=str(corpus),
+                val_corpus=str(corpus.with_name("val_corpus.pt")), val_batches=2, timeout_s=60,
                 allreduce_mib=0, save_params=True)
     plan.update(changes)
     return plan
@@ -71,8 +73,9 @@ def launched(tmp_path_factory):
     assert SLICE in script and BACKWARD in script, "the script cell changed: update the faults"
     (tmp / "train.py").write_text(script)
     (tmp / "faulty.py").write_text(script.replace(SLICE, WRONG_SLICE).replace(BACKWARD, SUMMED))
-    corpus = tmp / "corpus.pt"
-    torch.save(gpt.load_corpus(cap_mb=0.5).train, corpus)
+    corpus, data = tmp / "corpus.pt", gpt.load_corpus(cap_mb=0.5)
+    torch.save(data.train, corpus)
+    torch.save(data.val, tmp / "val_corpus.pt")
     two = dict(variants=["ddp", "fsdp2"], accum=2)
     start = time.perf_counter()
     single, split, faulty, fp16 = scaling.launch_all([
@@ -481,8 +484,8 @@ def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(la
     assert overhead.loc[0, "overhead_pct"] == 0
     exec(_cell(nb, "if one_gpu is not None and one_gpu.ok:\n    loss_noise"), space)
     said = capsys.readouterr().out
-    assert "ddp vs plain: final loss +0.000% - within noise" in said, said
-    assert "fsdp2 vs plain: final loss" in said and "within the 2% target" in said
+    assert "ddp vs plain: validation loss +0.000% - within noise" in said, said
+    assert "fsdp2 vs plain: validation loss" in said and "within the 2% target" in said
     table = space["loss_noise"]
     assert list(table["run"]) == ONE_PROCESS
     assert table.set_index("run").loc["plain (seed 1)", "reading"].startswith("beyond noise")
