@@ -10,7 +10,7 @@ them. Import them by name, e.g. ``from helpers import bench, machine``:
 - ``machine``: what this machine can run, the one mixed-precision dtype choice, one-line errors,
   and the run profile it gets (smoke / full), progress bars and the GPU memory cap;
 - ``results``: atomic CSV / JSON / PNG writes into the results folder, and the standard charts;
-- ``verdicts``: "faster / slower / indistinguishable" with the tie rule;
+- ``verdicts``: timings against their spreads (the tie rule), losses against the noise floor;
 - ``kernels``: kernel counts and the per-category time breakdown of a step;
 - one module per chapter for what is specific to it and not taught: ``apexcheck`` (01),
   ``optimizers`` (02), ``norms`` (03), ``legacy_amp`` (04), ``gpt`` (05: the model and corpus),

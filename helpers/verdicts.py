@@ -107,11 +107,11 @@ def tied_with_fastest(df, *, key: str = "candidate", among: list[str] | None = N
 
 
 def fastest_text(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
-    """'X' when one row is clearly fastest, else 'X (indistinguishable from Y, Z)'."""
+    """'X' when one row is clearly fastest, else 'X (cannot be told apart from Y, Z)'."""
     names = tied_with_fastest(df, key=key, among=among)
     if len(names) == 1:
         return names[0]
-    return f"{names[0]} (indistinguishable from {', '.join(names[1:])})"
+    return f"{names[0]} (cannot be told apart from {', '.join(names[1:])})"
 
 
 def verdict_table(df, by: list[str], *, key: str = "candidate", value: str = "median_ms",

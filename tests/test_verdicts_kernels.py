@@ -85,7 +85,7 @@ def test_fastest_text_names_the_rows_tied_with_the_winner():
         {"candidate": "d", "median_ms": 2.00, "q1_ms": 1.90, "q3_ms": 2.10},
     ])
     assert verdicts.tied_with_fastest(df) == ["a", "b", "c"]
-    assert verdicts.fastest_text(df) == "a (indistinguishable from b, c)"
+    assert verdicts.fastest_text(df) == "a (cannot be told apart from b, c)"
     assert verdicts.fastest_text(df, among=["a", "d"]) == "a"
     assert verdicts.fastest_text(df.drop(columns=["q1_ms", "q3_ms"])) == \
-        "a (indistinguishable from b)"
+        "a (cannot be told apart from b)"
