@@ -4,7 +4,6 @@
 # re-run the launch cells below.
 import contextlib
 import datetime
-import math
 import os
 
 import torch
@@ -14,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import bench, gpt, scaling
+from helpers import bench, gpt, machine, scaling
 
 plan, out = scaling.read_plan()               # --plan JSON --out PATH, from the notebook
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
@@ -22,6 +21,9 @@ local_rank = int(os.environ["LOCAL_RANK"])    # this rank's GPU on this machine
 if plan["backend"] == "nccl":
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)             # one GPU per rank, before any CUDA work
+    cap = machine.cap_gpu_memory(local_rank)  # COURSE_GPU_MEMORY_GIB holds in every rank too
+    if cap and rank == 0:
+        print(cap)
 else:
     device = torch.device("cpu")
 dist.init_process_group(plan["backend"], device_id=device if device.type == "cuda" else None,
@@ -33,67 +35,60 @@ amp = getattr(torch, plan["amp"]) if plan["amp"] else None  # autocast dtype; No
 accum = plan["accum"]                         # micro-batches per rank and optimizer step
 per_rank = plan["global_batch"] // world      # this rank's share of every step's batch
 micro = per_rank // accum                     # sequences per forward/backward
-assert per_rank * world == plan["global_batch"] and micro * accum == per_rank, plan
+assert per_rank * world == plan["global_batch"] and micro * accum == per_rank, (
+    f"a batch of {plan['global_batch']} sequences does not split into {world} ranks x {accum} "
+    "micro-batches of equal size: choose a batch that is a multiple of their product")
 corpus = torch.load(plan["corpus"])           # notebook 05's training bytes (uint8)
-batches = gpt.BatchPlan.draw(corpus, steps=plan["steps"], batch=plan["global_batch"],
-                             seq_len=cfg.seq_len, seed=plan["seed"]).to(device)  # same everywhere
-hp = dict(lr=plan["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # notebook 05's
-clip = 1.0
+val_batches = gpt.BatchPlan.draw(torch.load(plan["val_corpus"]), steps=plan["val_batches"],
+                                 batch=plan["global_batch"], seq_len=cfg.seq_len,
+                                 seed=plan["seed"] + 1).to(device)  # held out, the same for all
+# the course's recipe (gpt.Recipe): AdamW's settings, warm-up and cosine decay, clipping
+recipe = gpt.Recipe(steps=plan["steps"], lr=plan["lr"], warmup=plan["lr_warmup"])
 
 
-def lr_at(i):
-    """Notebook 05's schedule: linear warm-up, cosine decay to lr / 10 at the last step."""
-    lr, warmup, steps = plan["lr"], plan["lr_warmup"], plan["steps"]
-    if i < warmup:
-        return lr * (i + 1) / warmup
-    progress = min(1.0, (i - warmup) / max(1, steps - warmup))
-    return lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * progress)))
+def draw(seed):
+    """Every step's batch, drawn from `seed`: the same on every rank."""
+    return gpt.BatchPlan.draw(corpus, steps=plan["steps"], batch=plan["global_batch"],
+                              seq_len=cfg.seq_len, seed=seed).to(device)
 
 
-def param_groups(model):
-    """Decay on matrices (dim >= 2, the tied embedding once), none on biases and norms."""
-    params = list({id(p): p for p in model.parameters()}.values())
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": hp["weight_decay"]},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
-def build(variant):
+def build(wrapper, seed):
     """The same model on every rank, wrapped (DDP) or sharded (FSDP2), and its optimizer."""
-    torch.manual_seed(plan["seed"])           # identical initial weights on every rank
+    torch.manual_seed(seed)                   # identical initial weights on every rank
     with device:
         model = gpt.GPT(cfg)
-    if variant == "ddp":                      # a full copy per rank; grads all-reduced
+    if wrapper == "ddp":                      # a full copy per rank; grads all-reduced
         model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    elif variant == "fsdp2":                  # each rank keeps 1/world of every tensor
+    elif wrapper == "fsdp2":                  # each rank keeps 1/world of every tensor
         for block in model.blocks:
             fully_shard(block, mesh=mesh)     # one all-gather / reduce-scatter per block
         fully_shard(model, mesh=mesh)         # the rest: embeddings, final norm, tied head
     else:
-        assert variant == "plain" and world == 1, "plain: one process, no communication"
-    optimizer = torch.optim.AdamW(param_groups(model), fused=True, **hp)
+        assert wrapper == "plain" and world == 1, "plain: one process, no communication"
+    optimizer = torch.optim.AdamW(recipe.param_groups(model), fused=True, **recipe.hp)
     return model, optimizer
 
 
-def train_step(i, model, optimizer, scaler, variant, grad_norms):
+def train_step(i, model, optimizer, scaler, wrapper, grad_norms, batches):
     """Notebook 05's step on this rank's share of batch i, in `accum` micro-batches."""
     optimizer.zero_grad(set_to_none=True)
     for group in optimizer.param_groups:
-        group["lr"] = lr_at(i)
+        group["lr"] = recipe.lr_at(i)
     x, y = batches.batch(i)                   # batch i, the same on every rank ...
     x, y = (t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))  # ... rank r's slice
     loss_sum = torch.zeros((), device=device)
     for k, (xk, yk) in enumerate(zip(x.split(micro), y.split(micro), strict=True)):
         sync = k == accum - 1                 # communicate after the last micro-batch only
-        if variant == "fsdp2":
+        if wrapper == "fsdp2":
             model.set_requires_gradient_sync(sync)  # False: keep grads local, no reduce-scatter
-        skip = model.no_sync() if variant == "ddp" and not sync else contextlib.nullcontext()
+        skip = model.no_sync() if wrapper == "ddp" and not sync else contextlib.nullcontext()
         with skip:                            # DDP inside no_sync(): no all-reduce
             with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
                 loss = model(xk, yk) / accum  # mean over this rank's share of the batch
             scaler.scale(loss).backward()     # DDP / FSDP2 average the grads over the ranks
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)  # of the averaged grads
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)  # averaged grads
     grad_norms[i] = norm.full_tensor() if isinstance(norm, DTensor) else norm
     scaler.step(optimizer)
     scaler.update()
@@ -103,24 +98,37 @@ def train_step(i, model, optimizer, scaler, variant, grad_norms):
 results = {"meta": scaling.meta(device), "plan": plan, "runs": []}
 if plan["allreduce_mib"] and world > 1:       # the link, measured: one timed all-reduce
     results["allreduce"] = scaling.time_allreduce(plan["allreduce_mib"], device)
-for variant in plan["variants"]:
+batches = {plan["seed"]: draw(plan["seed"])}
+for variant in plan["variants"]:              # "plain (repeat 1)", "plain (seed 1)": plain again
+    wrapper = scaling.wrapper_of(variant)     # ... with the seed the plan gives it
+    seed = plan.get("seeds", {}).get(variant, plan["seed"])
+    if seed not in batches:                   # another seed: other weights and other batches
+        batches[seed] = draw(seed)
     model = optimizer = params = None         # free the last variant before measuring this one
     grad_norms = torch.zeros(plan["steps"], device=device)
     with bench.peak_memory(device) as peak:
-        model, optimizer = build(variant)
+        model, optimizer = build(wrapper, seed)
         scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
-        run = bench.train(lambda i: train_step(i, model, optimizer, scaler, variant, grad_norms),
+        run = bench.train(lambda i: train_step(i, model, optimizer, scaler, wrapper, grad_norms,
+                                               batches[seed]),
                           plan["steps"], device=device, warmup=plan["warmup"], label=variant)
     losses = torch.tensor(run.losses, device=device)
     dist.all_reduce(losses)                   # the sum of the ranks' mean losses; / world is
     run.losses = (losses / world).tolist()    # the whole batch's mean (equal shares)
     params = scaling.full_params(model)       # FSDP2 gathers its shards: every rank calls it
     run.peak_mem_gib = scaling.max_over_ranks({"peak": peak.gib}, device)["peak"]
-    run.extra.update(variant=variant, world_size=world, accum=accum,
-                     tokens_per_step=plan["global_batch"] * cfg.seq_len,
+    run.extra.update(variant=variant, wrapper=wrapper, seed=seed, world_size=world,
+                     accum=accum, tokens_per_step=plan["global_batch"] * cfg.seq_len,
                      grad_norms=grad_norms.tolist(), checksums=scaling.checksums(params),
+                     loss_scale=scaler.get_scale() if scaler.is_enabled() else None,
                      state_bytes=scaling.max_over_ranks(scaling.state_bytes(model, optimizer),
                                                         device))
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None):
+        # after the bytes held are counted: FSDP2 keeps its root's weights gathered after this
+        val_loss = torch.stack([model(xj, yj) for j in range(val_batches.steps)  # in chunks of
+                                for xj, yj in zip(*(t.split(micro) for t in val_batches.batch(j)),
+                                                  strict=True)])  # `micro`: equal, so the mean
+    run.extra["val_loss"] = float(val_loss.mean())  # every rank the same batches: the same loss
     results["runs"].append(run.to_dict())
     if rank == 0:
         if plan["save_params"]:               # the tiny model's weights, for the comparison
