@@ -38,13 +38,28 @@ def _run(cmd: list[str]) -> str | None:
     return out.stdout.strip() or None
 
 
+def installed_commit(dist: str = "apex-course-helpers") -> str | None:
+    """The git commit pip installed the course from (``direct_url.json``'s ``vcs_info``, as a
+    notebook opened alone installs it from COURSE_REPO at COURSE_REF), else None."""
+    import importlib.metadata
+    import json
+
+    try:
+        raw = importlib.metadata.distribution(dist).read_text("direct_url.json")
+        commit = json.loads(raw or "{}").get("vcs_info", {}).get("commit_id", "")
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        return None
+    return commit[:12] or None
+
+
 def course_commit() -> str | None:
-    """The git commit of the course checkout (``$COURSE_COMMIT`` where the copy has no .git)."""
+    """The git commit of the course: ``$COURSE_COMMIT`` (a copy without .git), the checkout's
+    HEAD, or the commit pip installed it from (:func:`installed_commit`)."""
     if os.environ.get("COURSE_COMMIT"):
         return os.environ["COURSE_COMMIT"]
     root = repo_root()
     if root is None:
-        return None
+        return installed_commit()
     return _run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"])
 
 
