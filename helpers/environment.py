@@ -172,6 +172,35 @@ def nvcc_release(nvcc: Path | None) -> str | None:
     return match.group(1) if match else None
 
 
+def _has_cuda_headers(root: Path) -> bool:
+    """Whether ``root`` holds the CUDA runtime headers (``include/`` or conda's ``targets/*/``)."""
+    return (root / "include" / "cuda_runtime.h").is_file() or any(
+        root.glob("targets/*/include/cuda_runtime.h")
+    )
+
+
+def nvcc_toolkit(nvcc: Path | None) -> Path | None:
+    """The CUDA toolkit that ``nvcc`` belongs to, what CUDA_HOME should be for it: the folder
+    above its ``bin`` when that has the CUDA headers (torch's rule), else the same for the file a
+    symlink points at, else for the folder nvcc itself says it runs from (a wrapper script such
+    as ``/usr/local/bin/nvcc`` that execs ``/usr/local/cuda-13.0/bin/nvcc``); the folder above
+    its ``bin`` when none of them has the headers. None without an nvcc."""
+    if nvcc is None:
+        return None
+    nvcc = Path(nvcc)
+    guess = nvcc.parent.parent
+    candidates = [guess, Path(os.path.realpath(nvcc)).parent.parent]
+    try:  # a dry run prints nvcc's own folder, "#$ _HERE_=/usr/local/cuda-13.0/bin"; runs nothing
+        cmd = [str(nvcc), "-dryrun", "-E", "-x", "cu", os.devnull]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        here = re.search(r"^#\$ _HERE_=(.+)$", out.stderr + out.stdout, re.M)
+        if here:
+            candidates.append(Path(here.group(1).strip()).parent)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return next((root for root in candidates if _has_cuda_headers(root)), guess)
+
+
 def toolchain() -> dict:
     """What building Apex needs here: torch's CUDA, nvcc and its release, ninja, a GPU."""
     nvcc = find_nvcc()

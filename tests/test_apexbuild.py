@@ -42,6 +42,35 @@ def test_nvcc_lookup_order(tmp_path, monkeypatch):
     assert environment.nvcc_release(None) is None
 
 
+def _toolkit(folder: Path, nvcc_text: str | None = None) -> Path:
+    """A toolkit folder with the CUDA headers and a ``bin/nvcc`` (one that prints ``nvcc_text``
+    for a dry run, as a real nvcc prints its ``_HERE_``)."""
+    (folder / "include").mkdir(parents=True)
+    (folder / "include" / "cuda_runtime.h").write_text("")
+    nvcc = fake_nvcc(folder, "13.0")
+    if nvcc_text is not None:
+        nvcc.write_text(f"#!/bin/sh\necho '{nvcc_text}' >&2\n")
+    return folder
+
+
+def test_nvcc_toolkit_is_where_the_headers_are(tmp_path):
+    """CUDA_HOME for an nvcc: the folder above its bin, or for a symlink or a wrapper script
+    (a /usr/local/bin/nvcc that execs the toolkit's nvcc) the toolkit it leads to."""
+    real = _toolkit(tmp_path / "cuda-13.0", f"#$ _HERE_={tmp_path / 'cuda-13.0' / 'bin'}")
+    assert environment.nvcc_toolkit(real / "bin" / "nvcc") == real
+    (tmp_path / "link" / "bin").mkdir(parents=True)
+    (tmp_path / "link" / "bin" / "nvcc").symlink_to(real / "bin" / "nvcc")
+    assert environment.nvcc_toolkit(tmp_path / "link" / "bin" / "nvcc") == real
+    wrapper = tmp_path / "local" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f'#!/bin/sh\nexec {real / "bin" / "nvcc"} "$@"\n')
+    wrapper.chmod(0o755)
+    assert environment.nvcc_toolkit(wrapper) == real
+    bare = fake_nvcc(tmp_path / "bare", "13.0")  # no headers anywhere: torch's rule
+    assert environment.nvcc_toolkit(bare) == tmp_path / "bare"
+    assert environment.nvcc_toolkit(None) is None
+
+
 def test_toolchain_compares_nvcc_with_torch(tmp_path, monkeypatch):
     fake_nvcc(tmp_path / "cuda", "13.0")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
