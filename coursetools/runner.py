@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import os
 import shutil
 import subprocess
@@ -36,7 +37,7 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
-from helpers.machine import ProfileError, resolve
+from helpers.machine import ProfileError, check_parameters, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -105,12 +106,122 @@ def unknown_params(paths: list[Path], params: dict) -> list[str]:
     return sorted(set(params) - known)
 
 
+def as_injected(value):
+    """``value`` as the notebook's kernel gets it through papermill, which writes a tuple (or a
+    set, bytes, a complex number) as the string of it: a tuple becomes a list, so that its values
+    stay values; what papermill cannot write as itself becomes that string."""
+    if isinstance(value, tuple | list):
+        return [as_injected(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_injected(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, str | int | float) else str(value)
+
+
+def _type_of(node: ast.expr) -> tuple[type, ...] | None:
+    """``int`` -> (int,), ``type(None)`` -> (NoneType,), ``(int, type(None))`` -> both; None
+    for anything else (a type the runner cannot know without running the notebook)."""
+    if isinstance(node, ast.Tuple):
+        kinds = [_type_of(e) for e in node.elts]
+        return None if None in kinds or not kinds else tuple(k for ks in kinds for k in ks)
+    if isinstance(node, ast.Name) and isinstance(getattr(builtins, node.id, None), type):
+        return (getattr(builtins, node.id),)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+            and len(node.args) == 1 and not node.keywords
+            and isinstance(node.args[0], ast.Constant) and node.args[0].value is None):
+        return (type(None),)
+    return None
+
+
+def _parse_cell(source: str) -> ast.Module | None:
+    try:
+        return ast.parse(source)
+    except SyntaxError:  # IPython syntax (a magic): parse what IPython would run
+        try:
+            from IPython.core.inputtransformer2 import TransformerManager
+
+            return ast.parse(TransformerManager().transform_cell(source))
+        except (ImportError, SyntaxError):
+            return None
+
+
+def parameter_types(nb) -> dict[str, tuple[type, ...]]:
+    """The types the notebook declares in its ``machine.check_parameters(globals(), {...})``
+    call, read from its source without running it: name -> the types it accepts. A name whose
+    types are not builtins (or ``type(None)``) is left out: the notebook checks it itself."""
+    types: dict[str, tuple[type, ...]] = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "check_parameters" not in cell.source:
+            continue
+        tree = _parse_cell(cell.source)
+        for node in ast.walk(tree) if tree is not None else ():
+            func = getattr(node, "func", None)
+            name = getattr(func, "attr", None) or getattr(func, "id", None)
+            if (not isinstance(node, ast.Call) or name != "check_parameters"
+                    or len(node.args) < 2 or not isinstance(node.args[1], ast.Dict)):
+                continue
+            for key, value in zip(node.args[1].keys, node.args[1].values, strict=True):
+                kinds = _type_of(value)
+                if isinstance(key, ast.Constant) and isinstance(key.value, str) and kinds:
+                    types[key.value] = kinds
+    return types
+
+
+def _kinds_text(kinds: tuple[type, ...]) -> str:
+    return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _notebook_label(paths: list[Path]) -> str:
+    """'notebook 05' or 'notebooks 05, 06 and 07' (the file name where it has no number)."""
+    names = [p.name[:2] if p.name[:2].isdigit() else p.name for p in paths]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"notebook{'s' if len(names) > 1 else ''} {listed}"
+
+
+def type_problems(paths: list[Path], items: list[str]) -> str:
+    """'' when every --param has a type each notebook that takes it accepts, else the one
+    sentence naming the command-line setting. The rule is the notebooks' own: each value, as
+    papermill gives it to the kernel, goes through :func:`helpers.machine.check_parameters`
+    with the types the notebook declares (:func:`parameter_types`)."""
+    params = parse_params(items)
+    raw = {item.partition("=")[0].strip(): item.strip() for item in items}
+    refusing: dict[tuple[str, str], list[Path]] = {}
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        defined = parameter_names(nb)
+        for name, kinds in parameter_types(nb).items():
+            if name not in params or name not in defined:
+                continue
+            try:
+                check_parameters({name: as_injected(params[name])}, {name: kinds})
+            except SystemExit:
+                refusing.setdefault((name, _kinds_text(kinds)), []).append(path)
+    if not refusing:
+        return ""
+    parts = []
+    order = list(params)  # as given on the command line
+    for (name, want), where in sorted(refusing.items(), key=lambda kv: order.index(kv[0][0])):
+        value, given = as_injected(params[name]), params[name]
+        got = f"{type(value).__name__} {value!r}"
+        if type(value) is not type(given):
+            got += f" (papermill passes a {type(given).__name__} as {_a(type(value).__name__)})"
+        setting = f"--param {raw[name]}" + ("" if parts else " (make run PARAMS=...)")
+        parts.append(f"{setting}: {_notebook_label(where)} expect{'' if len(where) > 1 else 's'} "
+                     f"{name} to be {want}, got {got}")
+    many = len({name for name, _ in refusing}) > 1
+    them, cells = ("them", "the values of the parameters cells") if many else (
+        "it", "the value of the parameters cell")
+    return ("; ".join(parts) + f"; change {them} on the command line, or leave {them} out to keep "
+            f"{cells}")
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 def inject(nb, params: dict, kernel: str = "python3"):
     """(notebook, what was set): papermill's injected-parameters cell for the names ``nb``
     defines; ``nb`` unchanged when it defines none of them."""
-    # papermill writes a tuple as the string of it; as a list, its values stay values
-    wanted = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()
-              if k in parameter_names(nb)}
+    wanted = {k: as_injected(v) for k, v in params.items() if k in parameter_names(nb)}
     if not wanted:
         return nb, {}
     try:
@@ -376,7 +487,7 @@ def params_problem(paths: list[Path], items: list[str]) -> str:
     if unknown:
         return (f"no notebook here has a parameter {', '.join(map(repr, unknown))}: see the "
                 "parameters cell (the first code cell) of each notebook")
-    return ""
+    return type_problems(paths, items) if params else ""
 
 
 def profile_problem(name: str) -> str:
