@@ -254,6 +254,7 @@ def test_profiler_breakdown_fits_in_the_traced_step(small):
     assert table.loc[0, "step_reference"] == "traced"
     ax = gpt.breakdown_chart(table)
     assert len(ax.patches) == len(kernels.NAMES) + 1  # one bar segment per category + the gap
+    assert sum(p.get_height() for p in ax.patches) == pytest.approx(100)  # shares of the step
 
 
 def test_paths_table_keeps_a_row_for_every_path(small):
