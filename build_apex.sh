@@ -115,7 +115,8 @@ Environment:
 Build-time estimate (printed before a build and in the plan; an estimate, not a measurement),
 from builds on $EST_CPUS-CPU NVIDIA H200 machines (2026-12-01), one architecture each: the CPU time
 a build took there x architectures / jobs, where jobs = min(CPUs, APEX_PARALLEL_BUILD x
-MAX_JOBS), and never less than the wall time it took there x architectures:
+MAX_JOBS), and never less than the wall time it took there x architectures; without a GPU
+or TORCH_CUDA_ARCH_LIST (a dry run on a CPU machine) for one architecture, as it says:
   --course-only     $EST_COURSE_EXT_CPU_S CPU-s, ${EST_COURSE_EXT_WALL_S} s wall (the three extensions)
   full build        $EST_FULL_CPU_S CPU-s, ${EST_FULL_WALL_S} s wall (about 30 extensions; the default)
 
@@ -300,10 +301,11 @@ else:
     out("gpu_caps", ",".join(caps))
     try:  # $CUDA_HOME/bin, then $CONDA_PREFIX/bin, then PATH
         sys.path.insert(0, sys.argv[1])
-        from helpers.environment import find_nvcc, nvcc_release
+        from helpers.environment import find_nvcc, nvcc_release, nvcc_toolkit
         nvcc = find_nvcc()
         out("nvcc", nvcc or "")
         out("nvcc_release", nvcc_release(nvcc) or "")
+        out("nvcc_cuda_home", nvcc_toolkit(nvcc) or "")
     except Exception as exc:
         out("nvcc_error", f"{type(exc).__name__}: {exc}")
 PY
@@ -342,6 +344,7 @@ if ((!PROBED)); then
     done
     if ((WANT_MAIN)); then
         not_checked nvcc "$NO_PYTHON"
+        not_checked CUDA_HOME "$NO_PYTHON"
     fi
 fi
 
@@ -394,22 +397,31 @@ find_nvcc() {
     [[ -n "$NVCC" ]] || return 0
     [[ -n "${CUDA_HOME:-}" && "$NVCC" != "$CUDA_HOME/bin/nvcc" ]] &&
         warn "CUDA_HOME=$CUDA_HOME has no bin/nvcc; using $NVCC instead"
-    NVCC_CUDA_HOME="$(cd "$(dirname "$NVCC")/.." && pwd)"
+    # Its toolkit (helpers.environment.nvcc_toolkit: where the CUDA headers are, also for a
+    # wrapper script such as /usr/local/bin/nvcc), else the folder above its bin.
+    NVCC_CUDA_HOME="$(p nvcc_cuda_home)"
+    [[ -n "$NVCC_CUDA_HOME" ]] || NVCC_CUDA_HOME="$(cd "$(dirname "$NVCC")/.." && pwd)"
     NVCC_VERSION="$(p nvcc_release)"  # "Cuda compilation tools, release 13.0, V13.0.48" -> 13.0
 }
 
-PLAN_CUDA_HOME="unknown (no usable nvcc)"
+# The plan's CUDA_HOME: the toolkit of the nvcc found, exported for the build only once that nvcc
+# has passed its checks; the line says why it is not used otherwise.
+PLAN_CUDA_HOME=""
 if ((WANT_MAIN)); then
     # (4) nvcc; the toolkit hints name torch's CUDA, or for a CPU-only torch the CUDA of the
     # torch build suggested above.
     want_cuda="${TORCH_CUDA_MM:-$COURSE_CUDA}"
     if ((!TORCH_OK)); then
         ((PROBED)) && not_checked nvcc "the course's nvcc lookup, helpers.environment, imports torch, see FAIL torch"
+        ((PROBED)) && not_checked CUDA_HOME "the toolkit of the nvcc found, and nvcc is not looked up, see FAIL torch"
     else
         find_nvcc
+        # Until nvcc passes: its toolkit, not used because of the FAIL nvcc line.
+        PLAN_CUDA_HOME="${NVCC_CUDA_HOME:-unknown} (the toolkit of ${NVCC:-no nvcc found}, unused until nvcc passes, see FAIL nvcc)"
         if failed nvcc; then
-            :
+            PLAN_CUDA_HOME="unknown (the course's nvcc lookup failed, see FAIL nvcc)"
         elif [[ -z "$NVCC" ]]; then
+            PLAN_CUDA_HOME="unknown (no nvcc found, see FAIL nvcc)"
             check_fail nvcc 3 "no nvcc found (looked in \$CUDA_HOME/bin, \$CONDA_PREFIX/bin and" \
                 "PATH), and Apex's CUDA extensions are compiled with nvcc; install the CUDA toolkit" \
                 "matching torch's CUDA $want_cuda, e.g. \`conda install -c conda-forge" \
@@ -421,6 +433,7 @@ if ((WANT_MAIN)); then
                 "runs, or set CUDA_HOME to a working CUDA $want_cuda toolkit."
         elif [[ -z "$TORCH_CUDA_MM" ]]; then
             NVCC_NOTE="; not compared with torch, a CPU-only build, see FAIL torch"
+            PLAN_CUDA_HOME="$NVCC_CUDA_HOME (the toolkit of $NVCC, unused while torch is a CPU-only build, see FAIL torch)"
         elif [[ "$NVCC_VERSION" != "$TORCH_CUDA_MM" ]]; then
             check_fail nvcc 3 "nvcc at $NVCC is CUDA $NVCC_VERSION but torch" \
                 "$TORCH_VERSION was built with CUDA $TORCH_CUDA_MM, and Apex's setup.py refuses mismatched" \
@@ -465,21 +478,30 @@ minutes() {
 }
 # build_estimate ARCH_LIST CPUS JOBS: the estimate sentence, from the EST_* figures at the top.
 # Model: a build takes its measured CPU-seconds per architecture, spread over the parallel jobs
-# (at most the CPUs), and never less than the wall time measured per architecture.
+# (at most the CPUs), and never less than the wall time measured per architecture. An empty
+# ARCH_LIST (no GPU seen and TORCH_CUDA_ARCH_LIST unset: a dry run on a CPU machine) is taken as
+# one architecture, what a machine with one GPU model builds, and the sentence says so.
 build_estimate() {
-    local archs=() n cpus=$2 par=$3 course full chosen
+    local archs=() n cpus=$2 par=$3 course full chosen for_archs="" assumed=""
     read -r -a archs <<<"${1//[;,]/ }"
     n=${#archs[@]}
-    ((n >= 1)) || n=1
+    if ((n >= 1)); then
+        for_archs=" for $n architecture(s)"
+    else
+        n=1
+        assumed=", each for one architecture, as on a machine with one GPU model (no GPU is seen"
+        assumed+=" here; each architecture in TORCH_CUDA_ARCH_LIST adds as much again: \"8.0;9.0\" doubles it)"
+    fi
     ((par <= cpus)) || par=$cpus
     ((par >= 1)) || par=1
     course=$((EST_COURSE_EXT_CPU_S * n / par)) full=$((EST_FULL_CPU_S * n / par))
     ((course >= EST_COURSE_EXT_WALL_S * n)) || course=$((EST_COURSE_EXT_WALL_S * n))
     ((full >= EST_FULL_WALL_S * n)) || full=$((EST_FULL_WALL_S * n))
     if ((COURSE_ONLY)); then chosen="--course-only"; else chosen="the full build"; fi
-    printf 'about %s min on %s CPUs for %s architecture(s) with --course-only (the course'"'"'s three extensions),' \
-        "$(minutes "$course")" "$cpus" "$n"
-    printf ' about %s min for the full build (~30 extensions); this run: %s' "$(minutes "$full")" "$chosen"
+    printf 'about %s min on %s CPUs%s with --course-only (the course'"'"'s three extensions),' \
+        "$(minutes "$course")" "$cpus" "$for_archs"
+    printf ' about %s min for the full build (~30 extensions)%s; this run: %s' "$(minutes "$full")" \
+        "$assumed" "$chosen"
     printf ' [an estimate from builds on %s-CPU H200 machines (2026-12-01): %s and %s CPU-s per architecture / %s jobs, at least %s and %s s wall per architecture]' \
         "$EST_CPUS" "$EST_COURSE_EXT_CPU_S" "$EST_FULL_CPU_S" "$par" "$EST_COURSE_EXT_WALL_S" "$EST_FULL_WALL_S"
 }
@@ -532,10 +554,9 @@ if ((WANT_MAIN)); then
     ((NINJA_JOBS >= 1)) || NINJA_JOBS=1
 
     # Build-time estimate (see the EST_* figures at the top).
-    if [[ -n "$ARCH_LIST" ]] && ((PROBED)); then
+    # Without an arch list (no GPU seen): for one architecture, as the sentence says.
+    if ((PROBED)); then
         ESTIMATE="$(build_estimate "$ARCH_LIST" "$CPUS" $((PARALLEL_BUILD * NINJA_JOBS)))"
-    elif ((PROBED)); then
-        not_checked estimate "needs the arch list"
     fi
 fi
 

@@ -434,6 +434,7 @@ def test_probe_asks_the_course_for_nvcc(tmp_path: Path) -> None:
     assert "nvcc_error" not in got, got
     assert got["nvcc"] == str(tmp_path / "cuda" / "bin" / "nvcc")
     assert got["nvcc_release"] == "12.8"
+    assert got["nvcc_cuda_home"] == str(tmp_path / "cuda")  # helpers.environment.nvcc_toolkit
     got = probe(CUDA_HOME=str(tmp_path / "none"), CONDA_PREFIX=str(tmp_path / "conda"))
     assert got["nvcc"] == str(tmp_path / "conda" / "bin" / "nvcc")
     assert got["nvcc_release"] == "13.0"
@@ -532,7 +533,9 @@ def test_dry_run_runs_every_check_and_reports_the_first_as_the_error(box: Sandbo
     assert entries["FAIL ninja"].startswith("ninja was not found")
     assert entries["FAIL arch list"].startswith("torch sees no GPU")
     assert entries["torch"].startswith("2.11.0+cu130")  # the checks that pass keep their value
-    assert entries["estimate"] == "not checked (needs the arch list)"
+    # no arch list: the estimate is for one architecture (16 jobs: the measured wall times)
+    assert entries["estimate"].startswith("about 2 min on 16 CPUs with --course-only")
+    assert "each for one architecture, as on a machine with one GPU model" in entries["estimate"]
     assert "5 preflight check(s) failed" in result.stdout
     assert_untouched(box)
 
@@ -569,6 +572,94 @@ def test_dry_run_with_a_cpu_torch_still_checks_nvcc(box: Sandbox) -> None:
     box.no_nvcc()
     entries = plan(box.run("--dry-run"))
     assert "cuda-nvcc=13.0 cuda-toolkit=13.0" in entries["FAIL nvcc"]  # the cu130 torch's CUDA
+
+
+def _cpu_machine(box: Sandbox) -> tuple[Path, Path]:
+    """A 2-CPU machine without a GPU, a CPU torch, and an nvcc that is a wrapper script on PATH
+    (/usr/local/bin/nvcc exec'ing /usr/local/cuda-13.0/bin/nvcc): the probe names its toolkit."""
+    _cpu_torch(box)
+    box.probe.update(cpu_count="2", mem_free_gib="20.0")
+    del box.env["CUDA_HOME"]
+    toolkit = box.nvcc(box.root / "cuda-13.0", "13.0")
+    wrapper = box.root / "local" / "bin" / "nvcc"
+    _write_exe(wrapper, f'#!/bin/sh\nexec {toolkit / "bin" / "nvcc"} "$@"\n')
+    box.probe.update(nvcc=str(wrapper), nvcc_cuda_home=str(toolkit))
+    return wrapper, toolkit
+
+
+def _minutes(estimate: str) -> list[int]:
+    """The estimate's minutes: [--course-only, full build]."""
+    return [int(m) for m in re.findall(r"about (\d+) min", estimate)]
+
+
+@pytest.mark.parametrize("args", [(), ("--course-only",)])
+def test_dry_run_on_a_cpu_machine_estimates_for_one_architecture(box: Sandbox, args) -> None:
+    """No GPU, a CPU torch, an nvcc: the same FAIL lines and exit as a real run, and the estimate
+    for this machine's CPUs, for the one architecture a machine with one GPU model builds."""
+    _cpu_machine(box)
+    real = box.run(*args)
+    assert_preflight_error(real, "CPU-only build")
+    result = box.run("--dry-run", *args)
+    assert_preflight_error(result, "CPU-only build")
+    assert result.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
+    fails = [ln.split(":")[0] for ln in result.stdout.splitlines() if ln.startswith("  FAIL ")]
+    assert fails == ["  FAIL torch", "  FAIL arch list"], result.stdout
+    estimate = plan(result)["estimate"]
+    # README's rule: (496 + 42) CPU-s / 2 = 269 s, (1417 + 103) / 2 = 760 s, above the wall times
+    assert _minutes(estimate) == [4, 13], estimate
+    assert estimate.startswith("about 4 min on 2 CPUs with --course-only"), estimate
+    for needle in ("each for one architecture, as on a machine with one GPU model",
+                   "each architecture in TORCH_CUDA_ARCH_LIST adds as much again",
+                   f"this run: {'--course-only' if args else 'the full build'}",
+                   "/ 2 jobs"):  # fmt: skip
+        assert needle in estimate, (needle, estimate)
+    assert not box.workdir.exists()
+
+
+def test_dry_run_on_a_cpu_machine_cuda_home_and_nvcc_agree(box: Sandbox) -> None:
+    """Both lines name the nvcc found; CUDA_HOME is its toolkit, and says why it is unused."""
+    wrapper, toolkit = _cpu_machine(box)
+    entries = plan(box.run("--dry-run"))
+    assert entries["nvcc"].startswith(f"13.0 ({wrapper}; not compared with torch"), entries["nvcc"]
+    assert entries["CUDA_HOME"] == (f"{toolkit} (the toolkit of {wrapper}, unused while torch is"
+                                    " a CPU-only build, see FAIL torch)")  # fmt: skip
+    assert "unknown" not in entries["CUDA_HOME"] and "no usable" not in entries["CUDA_HOME"]
+
+
+@pytest.mark.parametrize(("cpus", "one", "two"), [("2", [4, 13], [9, 25]), ("16", [2, 4], [4, 8])])
+def test_each_architecture_adds_as_much_again(box: Sandbox, cpus, one, two) -> None:
+    """TORCH_CUDA_ARCH_LIST="8.0;9.0" doubles the estimate (to the rounding of the minutes)."""
+    _cpu_machine(box)
+    box.probe.update(cpu_count=cpus, mem_free_gib="100.0")
+    alone = plan(box.run("--dry-run"))["estimate"]
+    box.env["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0"
+    result = box.run("--dry-run")
+    assert_preflight_error(result, "CPU-only build")
+    assert "FAIL arch list" not in plan(result)
+    both = plan(result)["estimate"]
+    assert (_minutes(alone), _minutes(both)) == (one, two), (alone, both)
+    assert all(abs(b - 2 * a) <= 1 for a, b in zip(one, two, strict=True))
+    assert f"on {cpus} CPUs for 2 architecture(s)" in both and "one GPU model" not in both
+
+
+@pytest.mark.parametrize(
+    ("breaks", "cuda_home"),
+    [
+        (lambda b: b.no_nvcc(), "unknown (no nvcc found, see FAIL nvcc)"),
+        (lambda b: b.probe.update(nvcc_error="ImportError: x"),
+         "unknown (the course's nvcc lookup failed, see FAIL nvcc)"),
+        (lambda b: b.nvcc(b.root / "cuda", "12.4"),
+         "{root}/cuda (the toolkit of {root}/cuda/bin/nvcc, unused until nvcc passes,"
+         " see FAIL nvcc)"),
+        (_no_torch,
+         "not checked (the toolkit of the nvcc found, and nvcc is not looked up, see FAIL torch)"),
+    ],
+    ids=["no nvcc", "lookup failed", "mismatch", "no torch"],
+)  # fmt: skip
+def test_cuda_home_line_says_why_it_is_not_used(box: Sandbox, breaks, cuda_home) -> None:
+    breaks(box)
+    entries = plan(box.run("--dry-run"))
+    assert entries["CUDA_HOME"] == cuda_home.format(root=box.root), entries
 
 
 def test_dry_run_marks_a_bad_source_folder_beside_other_failures(box: Sandbox) -> None:
