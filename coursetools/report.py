@@ -6,6 +6,8 @@ write ``summary.json``; render the README's headline table from it.
     python -m coursetools.report --out reports/h200-fp16 --param amp_dtype=fp16
     python -m coursetools.report --readme-table reports/h200/summary.json
 
+A whole run that fails or is interrupted is written to ``<out>.incomplete`` (with its
+``summary.json``) and leaves the report in ``<out>`` as it was (``runner.run_into``).
 Naming notebooks re-runs only those into an existing report: they run beside a copy of the
 report's results (so notebook 07 reads 05's table), their executed copies and their ``NN_*``
 results replace the old ones (unless a re-run failed where the report holds a good earlier run,
@@ -230,9 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     params = runner.parse_params(args.param)
     kept = []  # re-runs that failed where the report holds a good earlier run: that one stays
+    written = out  # where this run's report is: <out>.incomplete for an incomplete whole run
     if previous is None:
         runs = runner.run_into(notebooks, out, profile=args.profile, keep_previous=False,
                                params=params)
+        if not runner.is_complete(runs, notebooks):  # the report in out stays the complete one
+            written = runner.incomplete_dir(out)
+            print(f"report: {runner.where_line(out, runs, notebooks)}", file=sys.stderr)
     else:
         staging = out.with_name(out.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
@@ -249,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"report: {run.name} {run.status} in this re-run ({run.error or 'see above'}); "
                   "the report keeps its earlier run of it", file=sys.stderr)
     recorded = [r for r in runs if r not in kept]
-    summary = build_summary(out, recorded, env, args.profile, previous, params)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    summary = build_summary(written, recorded, env, args.profile, previous, params)
+    atomic_write_text(written / "summary.json", json.dumps(summary, indent=2) + "\n")
     print(runner.summary(runs))
-    print(f"\nreport written to {out}; README table:\n\n{readme_table(summary)}")
+    print(f"\nreport written to {written}; README table:\n\n{readme_table(summary)}")
     problems = validate_summary(summary)
     for problem in problems:
         print(f"report: summary problem: {problem}", file=sys.stderr)

@@ -5,18 +5,24 @@
 
 With no notebook named, all of ``notebooks/*.ipynb`` run in order. Each executed copy is
 written even when a cell fails or the run is interrupted (Ctrl-C: exit 130), the failing cell is
-named, and a time table closes the run. The profile and the output folder are checked before any
-notebook starts (``--check`` does only that). A run executes into ``<out>.partial`` and then
-replaces ``<out>`` (the run before it is kept as ``<out>.previous``), so a folder never mixes
-the notebooks of one run with the tables of another.
-Kernels get ``COURSE_PROFILE``, ``COURSE_RESULTS_DIR=<out>/results``, ``COURSE_HEADLESS=1`` and
-the checkout on ``PYTHONPATH``, so the runner works from any working directory.
+named, and a time table closes the run. The profile, the output folder and every ``--param``
+are checked before any notebook starts (``--check`` does only that). A run executes into
+``<out>.partial``. A complete run (every notebook ok) then replaces ``<out>``, and the run before
+it is kept as ``<out>.previous``; a run that failed or was interrupted becomes
+``<out>.incomplete`` instead, so ``<out>`` always holds the last complete run, never one mixed
+with another's tables, and the closing line says where each is.
+Kernels get ``COURSE_PROFILE``, ``COURSE_RESULTS_DIR=<out>.partial/results``,
+``COURSE_HEADLESS=1`` and the checkout on ``PYTHONPATH``, so the runner works from any working
+directory.
 
 ``--param amp_dtype=fp16`` sets a parameter with papermill (a cell tagged
 ``injected-parameters`` after the parameters cell, as ``papermill -p`` writes it) in every
-notebook whose parameters cell defines that name; a name no notebook defines is refused before
-any notebook starts. Where ``nvidia-smi`` runs, the GPU memory in use (every process on the GPU,
-what a smaller card would have to hold) is sampled during each notebook and its peak reported.
+notebook whose parameters cell defines that name. Refused before any notebook starts: a name no
+notebook defines, and a value of a type a notebook that defines the name does not take (the types
+of its ``machine.check_parameters(globals(), {...})`` call, read from its source, and that
+function's rule: a bool is no number; a tuple reaches the notebook as a list). Where
+``nvidia-smi`` runs, the GPU memory in use (every process on the GPU, what a smaller card would
+have to hold) is sampled during each notebook and its peak reported.
 """
 
 from __future__ import annotations
@@ -363,32 +369,65 @@ def out_problem(out: Path) -> str:
     return ""
 
 
+def incomplete_dir(out: Path) -> Path:
+    """Where a run that failed or was interrupted goes: ``<out>.incomplete``."""
+    return out.with_name(out.name + ".incomplete")
+
+
+def is_complete(runs: list[NotebookRun], paths: list[Path]) -> bool:
+    """Every notebook of ``paths`` ran, and each one ok."""
+    return len(runs) == len(paths) and all(r.ok for r in runs)
+
+
 def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
              notebook_timeout: float | None = None, keep_previous: bool = True,
              params: dict | None = None) -> list[NotebookRun]:
-    """:func:`run_all` into ``<out>.partial``, which then replaces ``out`` whatever happened
-    (``out`` before it becomes ``<out>.previous`` when ``keep_previous``, else is removed)."""
+    """:func:`run_all` into ``<out>.partial``. A complete run (:func:`is_complete`) then
+    replaces ``out`` (``out`` before it becomes ``<out>.previous`` when ``keep_previous``, else
+    is removed) and removes an older ``<out>.incomplete``; a run that failed or was interrupted
+    becomes ``<out>.incomplete`` (replacing an older one) and leaves ``out``, the last complete
+    run, as it was. Each run's ``output`` names where its executed copy is now."""
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     runs: list[NotebookRun] = []
+    complete = False
     try:
         runs = run_all(paths, staging, profile=profile, timeout=timeout,
                        notebook_timeout=notebook_timeout, params=params)
-    finally:
-        previous = out.with_name(out.name + ".previous")
-        if out.exists():
+        complete = is_complete(runs, paths)
+    finally:  # also on Ctrl-C between two notebooks: that run is incomplete
+        target = out if complete else incomplete_dir(out)
+        shutil.rmtree(incomplete_dir(out), ignore_errors=True)
+        if complete and out.exists():
+            previous = out.with_name(out.name + ".previous")
             shutil.rmtree(previous, ignore_errors=True)
             if keep_previous:
                 out.rename(previous)
             else:
                 shutil.rmtree(out)
         if staging.exists():
-            staging.rename(out)
+            staging.rename(target)
     for run in runs:
-        run.output = out / run.output.name
-    if out.exists():
-        write_runs(out / "runs.json", runs, profile)
+        run.output = target / run.output.name
+    if target.exists():
+        write_runs(target / "runs.json", runs, profile)
     return runs
+
+
+def where_line(out: Path, runs: list[NotebookRun] | None, paths: list[Path]) -> str:
+    """The one line that says where this run is, and where the last complete one is (``runs``
+    None: interrupted between two notebooks)."""
+    previous = out.with_name(out.name + ".previous")
+    if runs is not None and is_complete(runs, paths):
+        return (f"executed notebooks and results: {out.resolve()}" + (
+            f" (the run before it: {previous.resolve()})" if previous.exists() else ""))
+    bad = [f"{r.name} {r.status}" for r in runs or [] if not r.ok]
+    unrun = len(paths) - len(runs or [])
+    why = ("interrupted between two notebooks" if runs is None else
+           ", ".join(bad + [f"{unrun} of {len(paths)} not run"] * bool(unrun)))
+    last = (f"{out.resolve()} still holds the last complete run" if out.exists() else
+            f"there is no complete run in {out.resolve()} yet")
+    return f"this run is incomplete ({why}): it is in {incomplete_dir(out).resolve()}; {last}"
 
 
 def write_runs(path: Path, runs: list[NotebookRun], profile: str) -> None:
@@ -455,12 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = run_into(paths, args.out, profile=profile, timeout=args.timeout,
                         notebook_timeout=args.notebook_timeout, params=parse_params(args.param))
     except KeyboardInterrupt:  # between two notebooks
-        runs = []
-        print("interrupted (Ctrl-C)", file=sys.stderr)
+        print(f"interrupted (Ctrl-C); {where_line(args.out, None, paths)}", file=sys.stderr)
         return 130
     print()
     print(summary(runs))
-    print(f"\nexecuted notebooks and results: {args.out.resolve()}")
+    print(f"\n{where_line(args.out, runs, paths)}")
     if any(r.interrupted for r in runs):
         return 130
     failed = [r for r in runs if not r.ok]

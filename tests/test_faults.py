@@ -3,6 +3,7 @@ nothing of an earlier run lost or mixed into the new one."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def test_check_only_checks(tmp_path, capsys):
     assert _intact(out) and capsys.readouterr().out == ""
 
 
-def test_a_run_replaces_the_previous_one_whole(tmp_path, capsys):
+def test_a_failed_run_goes_whole_beside_the_last_complete_one(tmp_path, capsys):
     out = _previous_run(tmp_path / "run")
     nb = _notebook(tmp_path / "new.ipynb",
                    "from helpers import results\n"
@@ -84,11 +85,95 @@ def test_a_run_replaces_the_previous_one_whole(tmp_path, capsys):
                    "results.save_table(pd.DataFrame({'b': [2]}), 'new_table')",
                    "raise ValueError('this run fails')")
     assert runner.main([str(nb), "--out", str(out), "--profile", "smoke"]) == 1
-    assert sorted(p.name for p in out.iterdir()) == ["new.ipynb", "results", "runs.json"]
-    assert sorted(p.name for p in (out / "results").iterdir()) == ["new_table.csv",
-                                                                   "new_table.json"]
-    assert _intact(out.with_name("run.previous"))  # the earlier run, kept whole beside it
+    assert _intact(out) and not (out / "new.ipynb").exists()  # the last complete run stays
+    incomplete = out.with_name("run.incomplete")  # this one, whole and unmixed, beside it
+    assert sorted(p.name for p in incomplete.iterdir()) == ["new.ipynb", "results", "runs.json"]
+    assert sorted(p.name for p in (incomplete / "results").iterdir()) == ["new_table.csv",
+                                                                          "new_table.json"]
     assert not out.with_name("run.partial").exists()
+    assert not out.with_name("run.previous").exists()
+    captured = capsys.readouterr()
+    assert (f"this run is incomplete (new.ipynb FAILED): it is in {incomplete}; {out} still "
+            "holds the last complete run\n") in captured.out
+    assert f"see {incomplete / 'new.ipynb'}" in captured.err
+
+
+def _fake_run_all(outcomes: dict[str, bool], calls: list):
+    """run_all without kernels: writes each notebook's copy and a table, as a run would."""
+    def run_all(paths, staging, **_kw):
+        calls.append(staging)
+        (staging / "results").mkdir(parents=True)
+        runs = []
+        for path in paths:
+            if path.name not in outcomes:  # the run stops before this one
+                break
+            (staging / path.name).write_text(f"executed {path.name}")
+            (staging / "results" / f"{path.stem}.csv").write_text("a\n1\n")
+            ok = outcomes[path.name]
+            runs.append(runner.NotebookRun(path.name, 0.1, ok, staging / path.name,
+                                           "" if ok else "ValueError: planted"))
+        return runs
+    return run_all
+
+
+def test_only_a_complete_run_replaces_the_last_complete_one(tmp_path, monkeypatch, capsys):
+    """Complete: replaces <out>, the one before kept as <out>.previous. Failed or interrupted,
+    however often: <out>.incomplete (the newest only), <out> and <out>.previous untouched."""
+    a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
+    out, calls = tmp_path / "run", []
+    incomplete, previous = tmp_path / "run.incomplete", tmp_path / "run.previous"
+
+    def run(outcomes, *paths):
+        monkeypatch.setattr(runner, "run_all", _fake_run_all(outcomes, calls))
+        code = runner.main([*map(str, paths), "--out", str(out), "--profile", "smoke"])
+        return code, capsys.readouterr().out.splitlines()[-1]
+
+    assert run({"a.ipynb": False, "b.ipynb": True}, a, b) == (
+        1, f"this run is incomplete (a.ipynb FAILED): it is in {incomplete}; there is no "
+        f"complete run in {out} yet")
+    assert not out.exists() and (incomplete / "a.ipynb").exists()
+    assert run({"a.ipynb": True, "b.ipynb": True}, a, b) == (
+        0, f"executed notebooks and results: {out}")
+    assert not incomplete.exists()  # an incomplete run older than <out> is not kept
+    assert json.loads((out / "runs.json").read_text())["notebooks"][0]["status"] == "ok"
+    (out / "mark").write_text("the last complete run")
+    assert run({"a.ipynb": True}, a) == (
+        0, f"executed notebooks and results: {out} (the run before it: {previous})")
+    assert (previous / "mark").exists() and not (out / "mark").exists()
+    (out / "mark").write_text("the last complete run")
+    kept = sorted(p.name for p in previous.iterdir())
+    for cut_short in (False, True):  # a failure, then a run that stops after its first notebook
+        if cut_short:
+            monkeypatch.setattr(runner, "run_all", _fake_run_all({"a.ipynb": True}, calls))
+            runs = runner.run_into([a, b], out, profile="smoke")
+            assert [r.output for r in runs] == [incomplete / "a.ipynb"]
+            assert runner.where_line(out, runs, [a, b]).startswith(
+                "this run is incomplete (1 of 2 not run): it is in")
+        else:
+            assert run({"a.ipynb": False, "b.ipynb": False}, a, b)[0] == 1
+        assert (out / "mark").read_text() == "the last complete run"
+        assert sorted(p.name for p in previous.iterdir()) == kept
+        assert (incomplete / "a.ipynb").exists() and not out.with_name("run.partial").exists()
+    assert not (incomplete / "b.ipynb").exists()  # the newest incomplete run only
+    assert len(calls) == 5 and all(c == tmp_path / "run.partial" for c in calls)
+
+
+def test_ctrl_c_between_notebooks_keeps_the_last_complete_run(tmp_path, monkeypatch, capsys):
+    out = _previous_run(tmp_path / "run")
+    nb = _notebook(tmp_path / "a.ipynb", "1")
+
+    def interrupted(paths, staging, **_kw):
+        (staging / "results").mkdir(parents=True)
+        (staging / "a.ipynb").write_text("cut short")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_all", interrupted)
+    assert runner.main([str(nb), "--out", str(out), "--profile", "smoke"]) == 130
+    assert _intact(out)
+    assert (out.with_name("run.incomplete") / "a.ipynb").read_text() == "cut short"
+    assert capsys.readouterr().err == (
+        f"interrupted (Ctrl-C); this run is incomplete (interrupted between two notebooks): it "
+        f"is in {out.with_name('run.incomplete')}; {out} still holds the last complete run\n")
 
 
 def test_ctrl_c_ends_with_130_a_table_and_the_partial_copy(tmp_path):
@@ -109,8 +194,9 @@ def test_ctrl_c_ends_with_130_a_table_and_the_partial_copy(tmp_path):
     assert "Traceback" not in stderr and "Traceback" not in stdout
     assert any(line.startswith("slow.ipynb") and line.endswith("interrupted")
                for line in stdout.splitlines()), stdout  # the time table says so
-    executed = nbformat.read(out / "slow.ipynb", as_version=4)
+    executed = nbformat.read(out.with_name("run.incomplete") / "slow.ipynb", as_version=4)
     assert "first cell ran" in executed.cells[0].outputs[0]["text"]
+    assert f"this run is incomplete (slow.ipynb interrupted): it is in {out}.incomplete" in stdout
 
 
 @pytest.mark.parametrize("content, problem", [

@@ -279,3 +279,33 @@ def test_readme_figures_of_06_07_and_the_rehearsals_come_from_their_runs():
         for run in runs["notebooks"]:
             assert table[run["name"][:2]][column] == (
                 f"{run['seconds']:.1f} / {run['peak_gpu_gib']:.1f}"), (folder, run["name"])
+
+
+def test_a_failed_whole_run_leaves_the_report_and_is_written_beside_it(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A whole report run that fails goes, with its summary.json, to <out>.incomplete; the
+    report in <out> (its notebooks, results and summary) stays as it was."""
+    monkeypatch.setattr(report.machine, "cuda_available", lambda: True)
+    monkeypatch.setattr(report.environment, "environment_report", _env)
+    out = _fake_run(tmp_path / "report")
+    (out / "summary.json").write_text('{"the": "good report"}')
+
+    def failing_run_all(paths, staging, **_kw):
+        (staging / "results").mkdir(parents=True)
+        (staging / paths[0].name).write_text("failed 01")
+        return [runner.NotebookRun(paths[0].name, 1.0, False, staging / paths[0].name,
+                                   error="boom")]
+
+    monkeypatch.setattr(report.runner, "run_all", failing_run_all)
+    assert report.main(["--out", str(out)]) == 1
+    assert json.loads((out / "summary.json").read_text()) == {"the": "good report"}
+    assert (out / "results" / "05_paths.csv").exists()
+    incomplete = tmp_path / "report.incomplete"
+    summary = json.loads((incomplete / "summary.json").read_text())
+    assert summary["notebook_ok"] == {NOTEBOOK_NAMES[0]: False}
+    captured = capsys.readouterr()
+    unrun = f"{len(NOTEBOOK_NAMES) - 1} of {len(NOTEBOOK_NAMES)} not run"
+    assert (f"report: this run is incomplete ({NOTEBOOK_NAMES[0]} FAILED, {unrun}): it "
+            f"is in {incomplete}; {out} still holds the last complete run") in captured.err
+    assert f"report written to {incomplete};" in captured.out
+    assert not (tmp_path / "report.partial").exists()

@@ -28,9 +28,10 @@ def test_runner_executes_and_reports_failures(tmp_path, capsys):
     out = tmp_path / "out"
     code = runner.main([str(good), str(bad), "--out", str(out), "--profile", "smoke"])
     assert code == 1
-    executed = nbformat.read(out / "good.ipynb", as_version=4)
+    incomplete = tmp_path / "out.incomplete"  # a failed run never takes the place of out
+    executed = nbformat.read(incomplete / "good.ipynb", as_version=4)
     assert f"smoke {helpers.__version__}" in executed.cells[0].outputs[0]["text"]
-    failed = nbformat.read(out / "bad.ipynb", as_version=4)  # written although it failed
+    failed = nbformat.read(incomplete / "bad.ipynb", as_version=4)  # written although it failed
     assert failed.cells[1].outputs[0]["output_type"] == "error"
     captured = capsys.readouterr()
     assert "ValueError: planted failure (cell 1" in captured.err
@@ -49,7 +50,7 @@ def test_notebook_timeout_stops_a_long_notebook(tmp_path, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "FAILED slow.ipynb" in err and "Timeout" in err, err
-    assert (tmp_path / "out" / "slow.ipynb").exists()
+    assert (tmp_path / "out.incomplete" / "slow.ipynb").exists()
 
 
 def test_param_is_injected_where_a_notebook_defines_it(tmp_path, capsys):
@@ -101,3 +102,79 @@ def test_gpu_sampler_reports_the_peak_of_its_window(monkeypatch):
     assert "GPU GiB" not in runner.summary([run])  # no column where nothing was sampled
     run.peak_gpu_gib = 4.5
     assert "    4.5  ok" in runner.summary([run])
+
+
+def _takes(path: Path, cell: str, types: str) -> Path:
+    """A notebook with a parameters cell and the check_parameters call the course's have."""
+    nb = new_notebook(cells=[new_code_cell(cell), new_code_cell("from helpers import machine"),
+                             new_code_cell(f"machine.check_parameters(globals(), {types})"),
+                             new_code_cell("print('ran')")])
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_wrong_typed_param_is_refused_before_any_notebook_runs(tmp_path, capsys):
+    """The types come from each notebook's check_parameters call, read from its source: the
+    refusal names the command-line setting, not the parameters cell, and nothing runs."""
+    first = _notebook(tmp_path / "01_first.ipynb", "print('ran')")  # would run first
+    takes = _takes(tmp_path / "05_takes.ipynb", "steps = None\nlr = 1e-3",
+                   '{"steps": (int, type(None)), "lr": float}')
+    out = tmp_path / "out"
+    code = runner.main([str(first), str(takes), "--out", str(out), "--profile", "smoke",
+                        "--param", "steps=True"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "runner: error: --param steps=True (make run PARAMS=...): notebook 05 expects steps to "
+        "be int or None, got bool True; change it on the command line, or leave it out to keep "
+        "the value of the parameters cell\n")
+    assert captured.out == ""  # no notebook started
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+    assert not (tmp_path / "out.incomplete").exists()
+    # --check (make run's first step, before its banner) refuses it too
+    assert runner.main([str(takes), "--out", str(out), "--param", "lr=fast", "--check"]) == 2
+    assert "--param lr=fast (make run PARAMS=...): notebook 05 expects lr to be float, got str " \
+        "'fast'" in capsys.readouterr().err
+
+
+def test_param_types_follow_check_parameters_rule(tmp_path):
+    """An int passes for a float, a bool never for a number, None only where declared; a tuple
+    is checked as the list papermill gives the kernel; every refusal is in one sentence."""
+    nb = _takes(tmp_path / "04_t.ipynb", "eps = (1e-4,)\nn = 1\nx = 1.0\nflag = False\n"
+                "pair = (1, 2)", '{"eps": (tuple, list, float), "n": int, "x": float, '
+                '"flag": bool, "pair": tuple}')
+    for ok in (["eps=(1e-3, 1e-2)"], ["eps=1e-3"], ["n=3"], ["x=3"], ["x=2.5"], ["flag=True"],
+               ["n=3", "x=0.5", "flag=False"]):
+        assert runner.params_problem([nb], ok) == "", ok
+    refused = {"n=True": "expects n to be int, got bool True",
+               "x=True": "expects x to be float, got bool True",
+               "n=None": "expects n to be int, got NoneType None",
+               "n=3.0": "expects n to be int, got float 3.0",
+               "flag=1": "expects flag to be bool, got int 1",
+               "eps=fast": "expects eps to be tuple or list or float, got str 'fast'",
+               "pair=(1, 2)": "expects pair to be tuple, got list [1, 2] (papermill passes a "
+                              "tuple as a list)"}
+    for item, message in refused.items():
+        problem = runner.params_problem([nb], [item])
+        assert problem.startswith(f"--param {item} (make run PARAMS=...): notebook 04 {message}; "
+                                  "change it on the command line"), problem
+    both = runner.params_problem([nb], ["x=True", "n=3", "flag=1"])  # in the command's order
+    assert both.index("--param x=True (make run") < both.index("; --param flag=1: notebook 04")
+    assert both.endswith("change them on the command line, or leave them out to keep the "
+                         "values of the parameters cells") and "n=3" not in both
+
+
+def test_the_course_notebooks_declare_a_type_for_every_parameter():
+    """The static reading finds each notebook's check_parameters types, for every name of its
+    parameters cell, so a wrong --param never gets as far as a notebook."""
+    paths = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        assert runner.parameter_names(nb) <= set(runner.parameter_types(nb)), path.name
+    problem = runner.params_problem(paths, ["steps=True"])
+    assert problem.startswith("--param steps=True (make run PARAMS=...): notebooks 05, 06 and 07 "
+                              "expect steps to be int or None, got bool True;"), problem
+    assert runner.params_problem(paths, ["steps=40", "lr=3e-4", "o3_eps=(1e-4,)",
+                                         "widths=(64, 128)", "amp_dtype=fp16", "idle_ms=50",
+                                         "batch_size=None"]) == ""
