@@ -8,7 +8,34 @@ PROFILE ?= $(or $(COURSE_PROFILE),auto)
 # PARAMS="amp_dtype=fp16 steps=40": set notebook parameters (papermill) for run, notebooks, report
 PARAM_ARGS := $(foreach p,$(PARAMS),--param $(p))
 
-.PHONY: help run test lab report notebooks apex clean
+# nbstripout's options, for git's filter and `make strip` alike: the cell ids stay (the committed
+# notebooks have fixed ones) and so does the committed language_info, less what a kernel adds to it.
+NBSTRIPOUT_ARGS := --keep-id --extra-keys '$(strip $(foreach k,codemirror_mode file_extension \
+  mimetype nbconvert_exporter pygments_lexer version,metadata.language_info.$(k)))'
+# A shell condition: $$py has nbstripout, installed from its pin in requirements.txt when missing.
+HAVE_NBSTRIPOUT = { $$py -c "import nbstripout" 2>/dev/null || { \
+  pin=$$(grep -oE '^nbstripout==[^ \#]+' requirements.txt || true); \
+  echo "make: installing $${pin:=nbstripout} (the git filter that keeps notebook outputs out of commits)"; \
+  $$py -m pip install -q "$$pin" || true; $$py -c "import nbstripout" 2>/dev/null; }; }
+# In a git checkout of the course, point git's nbstripout filter (.gitattributes assigns it to
+# notebooks/*.ipynb) at $$py: `git add` and `git commit` then take each notebook without its
+# outputs, whatever the working copy holds. Idempotent: one line when it sets something, else quiet.
+GIT_FILTER = \
+  if [ "$$(git rev-parse --show-toplevel 2>/dev/null || true)" = "$$(pwd -P)" ]; then \
+    if $(HAVE_NBSTRIPOUT); then \
+      clean="\"$$py\" -m nbstripout $(NBSTRIPOUT_ARGS)"; changed=; \
+      for kv in "filter.nbstripout.clean=$$clean" filter.nbstripout.smudge=cat \
+                filter.nbstripout.required=true "diff.ipynb.textconv=$$clean -t"; do \
+        if [ "$$(git config --local --get "$${kv%%=*}" || true)" != "$${kv\#*=}" ]; then \
+          git config --local "$${kv%%=*}" "$${kv\#*=}"; changed=1; fi; \
+      done; \
+      [ -z "$$changed" ] || echo "make: set up git's nbstripout filter: notebooks/*.ipynb go into commits without their outputs"; \
+    else \
+      echo "make: nbstripout could not be installed, so git's notebook filter is not set up: clear a notebook's outputs before committing it"; \
+    fi; \
+  fi
+
+.PHONY: help run test lab report notebooks apex strip filter clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -28,7 +55,17 @@ run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execut
 	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS)
 
 test:  ## prepare the environment and run the test suite (unit tests, smoke notebooks, hygiene)
-	@py=$$($(ENSURE)); $$py -m pytest -q
+	@py=$$($(ENSURE)); $(GIT_FILTER); $$py -m pytest -q
+
+filter:  ## set up git's nbstripout filter: notebooks are committed without outputs (test, lab do it)
+	@py=$$($(ENSURE_RUN)); $(GIT_FILTER)
+
+strip:  ## remove the outputs and execution counts from notebooks/*.ipynb (the working copy)
+	@py=$$($(ENSURE_RUN)); \
+	$(HAVE_NBSTRIPOUT) || { echo "make strip: needs nbstripout, which pip could not install"; exit 1; }; \
+	$(GIT_FILTER); \
+	$$py -m nbstripout $(NBSTRIPOUT_ARGS) notebooks/*.ipynb; \
+	echo "make strip: notebooks/*.ipynb have no outputs or execution counts now"
 
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
 	@py=$$($(ENSURE_RUN)); $$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS)
@@ -41,7 +78,7 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	$$py -m coursetools.report $(PARAM_ARGS)
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
-	@py=$$($(ENSURE)); \
+	@py=$$($(ENSURE)); $(GIT_FILTER); \
 	if ! $$py -c "import jupyterlab, ipywidgets" 2>/dev/null; then \
 	  pins=$$(grep -oE '^(jupyterlab|ipywidgets)==[^ #]+' requirements.txt | tr '\n' ' ' || true); \
 	  [ -n "$$pins" ] || { echo "make lab: requirements.txt pins no jupyterlab or ipywidgets"; exit 2; }; \
@@ -50,7 +87,8 @@ lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops 
 	fi; \
 	root_flag=; if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; fi; \
 	echo "make lab: starting JupyterLab on notebooks/; open the http://127.0.0.1:8888/lab?token=... URL it prints (Ctrl-C stops it)"; \
-	cd notebooks && exec $$py -m jupyterlab --no-browser --ServerApp.ip=127.0.0.1 $$root_flag
+	cd notebooks && exec $$py -m jupyterlab --no-browser --ServerApp.ip=127.0.0.1 \
+	  --ServerApp.answer_yes=True $$root_flag
 
 apex:  ## build Apex with its CUDA/C++ extensions and the legacy apex.amp install
 	@py=$$($(ENSURE_RUN)); PYTHON=$$py ./build_apex.sh --legacy-amp

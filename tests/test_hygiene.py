@@ -43,15 +43,78 @@ def _conda_specs() -> dict[str, str]:
     return specs
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_stripped_and_valid(path):
-    nb = nbformat.read(path, as_version=4)
+def _git(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=check)
+
+
+def _in_git_checkout() -> bool:
+    """True when ROOT is the top of a git checkout (not a tarball, nor a folder inside another
+    repository)."""
+    if shutil.which("git") is None:
+        return False
+    top = _git("rev-parse", "--show-toplevel")
+    return top.returncode == 0 and Path(top.stdout.strip()).resolve() == ROOT.resolve()
+
+
+def _first_unstripped(text: str) -> str | None:
+    """What makes a notebook's JSON text not a clean source ("cell 3 has outputs"), or None."""
+    nb = nbformat.reads(text, as_version=4)
     nbformat.validate(nb)
+    assert json.loads(text).get("nbformat") == 4
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
-            assert not cell.outputs, f"{path.name} cell {index} has outputs: strip them"
-            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
-    assert json.loads(path.read_text()).get("nbformat") == 4
+            if cell.outputs:
+                return f"cell {index} has outputs"
+            if cell.execution_count is not None:
+                return f"cell {index} has an execution count"
+    return None
+
+
+def notebook_problem(path: Path) -> str | None:
+    """The one sentence that says why ``path`` would not go into git clean, and what to run; None
+    when it would.
+
+    What is committed is held strictly: in a git checkout the notebook as staged (what the next
+    commit takes; in a fresh clone that is HEAD) must have no outputs and no execution counts. A
+    working copy with outputs - a notebook run and saved in `make lab` - is fine where git's
+    nbstripout filter (set up by `make test`, `make lab` and `make filter`) takes them out on
+    `git add`: it is read through that filter. Without the filter it is not, and the sentence
+    names the command that sets it up."""
+    rel = path.relative_to(ROOT).as_posix()
+    working = _first_unstripped(path.read_text())
+    if not _in_git_checkout():
+        if working:
+            return (f"{rel} {working}, and outside a git checkout no filter keeps outputs out of "
+                    f"the sources: run `make strip`")
+        return None
+    staged = _git("show", f":{rel}")
+    if staged.returncode == 0:  # a notebook not yet added has no staged version to check
+        problem = _first_unstripped(staged.stdout)
+        if problem:
+            return (f"In {rel} as staged for the next commit, {problem}: run `make filter && "
+                    f"git add --renormalize {rel}` to stage it without them")
+    if not working:
+        return None
+    attr = _git("check-attr", "filter", "--", rel).stdout.strip()
+    clean = _git("config", "--get", "filter.nbstripout.clean").stdout.strip()
+    if not attr.endswith(": nbstripout") or not clean:
+        return (f"{rel} {working} and git's nbstripout filter, which keeps outputs out of "
+                f"commits, is not set up in this clone: run `make filter`")
+    with path.open("rb") as source:
+        filtered = subprocess.run(clean, shell=True, cwd=ROOT, stdin=source, capture_output=True)
+    problem = (f"exit status {filtered.returncode}: {filtered.stderr.decode()[-300:]}"
+               if filtered.returncode else _first_unstripped(filtered.stdout.decode()))
+    if problem:
+        return (f"{rel} {working} and git's nbstripout filter ({clean}) does not clean it "
+                f"({problem}): run `make filter` to set the filter up again")
+    return None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_stripped_and_valid(path):
+    """Committed notebooks carry no outputs; a working copy may, when git's filter strips them."""
+    problem = notebook_problem(path)
+    assert problem is None, problem
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
