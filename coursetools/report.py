@@ -111,6 +111,7 @@ def merge_into(out: Path, staging: Path, names: list[str]) -> None:
     """Move the executed notebooks ``names`` and their ``NN_*`` results from ``staging`` into
     the report ``out``, replacing the old ones; the rest of ``out`` stays."""
     (out / "results").mkdir(parents=True, exist_ok=True)
+    runner.repoint_outputs(staging, out)  # printed paths name the report, not the staging
     for name in names:
         prefix = name[:3]  # "06_"
         for old in (out / "results").glob(prefix + "*"):

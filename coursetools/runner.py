@@ -379,6 +379,25 @@ def is_complete(runs: list[NotebookRun], paths: list[Path]) -> bool:
     return len(runs) == len(paths) and all(r.ok for r in runs)
 
 
+def repoint_outputs(staging: Path, final: Path) -> None:
+    """In the executed copies under ``staging``, the printed paths into ``staging`` (a script
+    written, a table read) name ``final`` instead: where the files are once the run moved."""
+    old, new = str(staging.resolve()), str(final.resolve())
+    for path in staging.glob("*.ipynb"):
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - an unreadable copy stays as it was
+            continue
+        changed = False
+        for cell in nb.cells:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "stream" and old in output.get("text", ""):
+                    output["text"] = output["text"].replace(old, new)
+                    changed = True
+        if changed:
+            nbformat.write(nb, path)
+
+
 def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
              notebook_timeout: float | None = None, keep_previous: bool = True,
              params: dict | None = None) -> list[NotebookRun]:
@@ -406,6 +425,7 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
             else:
                 shutil.rmtree(out)
         if staging.exists():
+            repoint_outputs(staging, target)
             staging.rename(target)
     for run in runs:
         run.output = target / run.output.name

@@ -178,3 +178,25 @@ def test_the_course_notebooks_declare_a_type_for_every_parameter():
     assert runner.params_problem(paths, ["steps=40", "lr=3e-4", "o3_eps=(1e-4,)",
                                          "widths=(64, 128)", "amp_dtype=fp16", "idle_ms=50",
                                          "batch_size=None"]) == ""
+
+
+def test_printed_paths_into_the_staging_folder_name_where_the_files_end_up(tmp_path):
+    """A notebook that prints the path of a file it wrote under <out>.partial/results: once the
+    run is moved, its executed copy names <out>/results instead (the file is there)."""
+    import nbformat
+
+    source = tmp_path / "01_prints.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell('profile = "auto"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("import os\nfrom pathlib import Path\n"
+                                  "p = Path(os.environ['COURSE_RESULTS_DIR']) / '01_x.txt'\n"
+                                  "p.parent.mkdir(parents=True, exist_ok=True)\n"
+                                  "p.write_text('x')\nprint(f'wrote {p}')")])
+    nbformat.write(nb, source)
+    out = tmp_path / "run"
+    runs = runner.run_into([source], out, profile="smoke", timeout=60)
+    assert runs[0].ok, runs[0].error
+    executed = nbformat.read(out / source.name, as_version=4)
+    printed = executed.cells[1].outputs[0]["text"]
+    assert printed.strip() == f"wrote {(out / 'results' / '01_x.txt').resolve()}"
+    assert (out / "results" / "01_x.txt").exists() and ".partial" not in printed
