@@ -13,10 +13,11 @@ PARAM_ARGS := $(foreach p,$(PARAMS),--param $(p))
 NBSTRIPOUT_ARGS := --keep-id --extra-keys '$(strip $(foreach k,codemirror_mode file_extension \
   mimetype nbconvert_exporter pygments_lexer version,metadata.language_info.$(k)))'
 # A shell condition: $$py has nbstripout, installed from its pin in requirements.txt when missing.
-HAVE_NBSTRIPOUT = { $$py -c "import nbstripout" 2>/dev/null || { \
+FIND_NBSTRIPOUT = $$py -c "import importlib.util as u, sys; sys.exit(u.find_spec('nbstripout') is None)"
+HAVE_NBSTRIPOUT = { $(FIND_NBSTRIPOUT) 2>/dev/null || { \
   pin=$$(grep -oE '^nbstripout==[^ \#]+' requirements.txt || true); \
   echo "make: installing $${pin:=nbstripout} (the git filter that keeps notebook outputs out of commits)"; \
-  $$py -m pip install -q "$$pin" || true; $$py -c "import nbstripout" 2>/dev/null; }; }
+  $$py -m pip install -q "$$pin" || true; $(FIND_NBSTRIPOUT) 2>/dev/null; }; }
 # In a git checkout of the course, point git's nbstripout filter (.gitattributes assigns it to
 # notebooks/*.ipynb) at $$py: `git add` and `git commit` then take each notebook without its
 # outputs, whatever the working copy holds. Idempotent: one line when it sets something, else quiet.
@@ -33,6 +34,16 @@ GIT_FILTER = \
     else \
       echo "make: nbstripout could not be installed, so git's notebook filter is not set up: clear a notebook's outputs before committing it"; \
     fi; \
+  fi
+# git status lists a notebook whose size changed (outputs saved) as modified even where the filter
+# gives the staged content back; adding such a notebook again (no content changes) refreshes git's
+# record of it, and git status then lists only the notebooks with real edits.
+GIT_REFRESH = \
+  if [ "$$(git rev-parse --show-toplevel 2>/dev/null || true)" = "$$(pwd -P)" ] \
+     && git config --get filter.nbstripout.clean >/dev/null 2>&1; then \
+    for f in $$(git diff-files --name-only -- 'notebooks/*.ipynb' 2>/dev/null || true); do \
+      if git diff --quiet -- "$$f" 2>/dev/null; then git add -- "$$f" 2>/dev/null || true; fi; \
+    done; \
   fi
 
 .PHONY: help run test lab report notebooks apex strip filter clean
@@ -55,16 +66,16 @@ run:  ## prepare the environment, build Apex if a CUDA toolchain is here, execut
 	$$py -m coursetools.runner --out $(OUT) --profile $(PROFILE) $(PARAM_ARGS)
 
 test:  ## prepare the environment and run the test suite (unit tests, smoke notebooks, hygiene)
-	@py=$$($(ENSURE)); $(GIT_FILTER); $$py -m pytest -q
+	@py=$$($(ENSURE)); $(GIT_FILTER); $(GIT_REFRESH); $$py -m pytest -q
 
 filter:  ## set up git's nbstripout filter: notebooks are committed without outputs (test, lab do it)
-	@py=$$($(ENSURE_RUN)); $(GIT_FILTER)
+	@py=$$($(ENSURE_RUN)); $(GIT_FILTER); $(GIT_REFRESH)
 
 strip:  ## remove the outputs and execution counts from notebooks/*.ipynb (the working copy)
 	@py=$$($(ENSURE_RUN)); \
 	$(HAVE_NBSTRIPOUT) || { echo "make strip: needs nbstripout, which pip could not install"; exit 1; }; \
 	$(GIT_FILTER); \
-	$$py -m nbstripout $(NBSTRIPOUT_ARGS) notebooks/*.ipynb; \
+	$$py -m nbstripout $(NBSTRIPOUT_ARGS) notebooks/*.ipynb; $(GIT_REFRESH); \
 	echo "make strip: notebooks/*.ipynb have no outputs or execution counts now"
 
 notebooks:  ## execute the notebooks only (no build), e.g. make notebooks PROFILE=smoke
@@ -78,7 +89,7 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	$$py -m coursetools.report $(PARAM_ARGS)
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
-	@py=$$($(ENSURE)); $(GIT_FILTER); \
+	@py=$$($(ENSURE)); $(GIT_FILTER); $(GIT_REFRESH); \
 	if ! $$py -c "import jupyterlab, ipywidgets" 2>/dev/null; then \
 	  pins=$$(grep -oE '^(jupyterlab|ipywidgets)==[^ #]+' requirements.txt | tr '\n' ' ' || true); \
 	  [ -n "$$pins" ] || { echo "make lab: requirements.txt pins no jupyterlab or ipywidgets"; exit 2; }; \

@@ -1,0 +1,254 @@
+"""The learner's loop: run a notebook, edit and save it with its outputs, run the tests, commit.
+
+In a temporary clone of the course, git's nbstripout filter is set up the way the course does it
+(`make filter`, which `make test` and `make lab` also run), notebook 01 is executed in place in
+the smoke profile (outputs and execution counts saved in the working copy, as a save in
+`make lab` leaves them), and then: the hygiene check passes, git sees no change, `git add` and
+`git commit` take the notebook without outputs, and each failure names the command that fixes it.
+The last tests check that one Ctrl-C stops `make lab`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = "notebooks/01_environment_and_apex_build.ipynb"  # the quickest in the smoke profile
+# the files that make the loop, taken from the working tree so that an edit to them is tested
+LOOP_FILES = ("Makefile", ".gitattributes", "tests/test_hygiene.py")
+GIT_ENV = {"GIT_AUTHOR_NAME": "Learner", "GIT_AUTHOR_EMAIL": "learner@example.org",
+           "GIT_COMMITTER_NAME": "Learner", "GIT_COMMITTER_EMAIL": "learner@example.org"}
+
+
+# git reads neither the user's nor the system's settings (a global nbstripout filter, say)
+GIT_ISOLATED = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    return {**env, **GIT_ENV, **GIT_ISOLATED, "COURSE_PROFILE": "smoke"}
+
+
+def _run(args, cwd: Path, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, env=_env(), **kwargs)
+    if check:
+        assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _make(target: str, clone: Path) -> str:
+    """`make TARGET` in the clone, with this test's Python as the course's (the Makefile's
+    ENSURE_RUN prints it), so the shared environment is neither checked nor changed."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    return _run(["make", "-s", target, f"ENSURE_RUN=echo {sys.executable}"], clone).stdout
+
+
+def _unstripped(text: str) -> list[str]:
+    nb = nbformat.reads(text, as_version=4)
+    return [f"cell {i}" for i, c in enumerate(nb.cells) if c.cell_type == "code"
+            and (c.outputs or c.execution_count is not None)]
+
+
+def _hygiene(clone: Path):
+    """The clone's own tests/test_hygiene.py, loaded from its file: its checks read the clone."""
+    spec = importlib.util.spec_from_file_location("clone_hygiene",
+                                                  clone / "tests" / "test_hygiene.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch):
+    """A clone of the course's HEAD, with the working tree's loop files committed on top."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("the loop needs git and a git checkout of the course")
+    for name, value in GIT_ISOLATED.items():  # for the checks run in this process too
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "course"
+    _run(["git", "clone", "-q", str(ROOT), str(path)], ROOT)
+    for name in LOOP_FILES:
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, path / name)
+    _run(["git", "add", *LOOP_FILES], path)
+    _run(["git", "commit", "-q", "--allow-empty", "-m", "the working tree's loop files"], path)
+    return path
+
+
+@pytest.mark.notebook
+def test_run_save_test_commit_keeps_the_sources_clean(clone):
+    nb_path = clone / NOTEBOOK
+    committed = _run(["git", "show", f"HEAD:{NOTEBOOK}"], clone).stdout
+    assert _unstripped(committed) == []
+
+    # 1. Run the notebook and save it with its outputs, as `make lab` (or its autosave) does.
+    _run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+          "--inplace", "--ExecutePreprocessor.timeout=120", NOTEBOOK], clone, timeout=240)
+    dirty = _unstripped(nb_path.read_text())
+    assert dirty, "the executed notebook has outputs in its working copy"
+
+    # 2. A clone that never ran make has no filter: the check says in one sentence what to run.
+    problem = _hygiene(clone).notebook_problem(nb_path)
+    assert problem == (f"{NOTEBOOK} {_first_problem(nb_path)} and git's nbstripout filter, which "
+                       "keeps outputs out of commits, is not set up in this clone: run "
+                       "`make filter`")
+
+    # 3. The course's command sets the filter up (one line saying so), and again is quiet.
+    assert _make("filter", clone).strip() == ("make: set up git's nbstripout filter: "
+                                              "notebooks/*.ipynb go into commits without their "
+                                              "outputs")
+    assert _make("filter", clone).strip() == ""
+
+    # 4. Now the working copy with outputs passes the check, and git sees no change.
+    assert _hygiene(clone).notebook_problem(nb_path) is None
+    assert _run(["git", "status", "--porcelain"], clone).stdout == ""
+    _run(["git", "diff", "--exit-code"], clone)
+
+    # 5. Edit a cell and save (outputs kept): `git add` and `git commit` take the edit, no outputs.
+    nb = nbformat.read(nb_path, as_version=4)
+    markdown = next(c for c in nb.cells if c.cell_type == "markdown")
+    markdown.source += "\n\nA learner's note."
+    nbformat.write(nb, nb_path)
+    assert _run(["git", "status", "--porcelain"], clone).stdout.split() == ["M", NOTEBOOK]
+    _run(["git", "add", NOTEBOOK], clone)
+    staged = _run(["git", "show", f":{NOTEBOOK}"], clone).stdout
+    assert _unstripped(staged) == [] and "A learner's note." in staged
+    assert nbformat.reads(staged, as_version=4).metadata == \
+        nbformat.reads(committed, as_version=4).metadata, "no kernel metadata comes in"
+    _run(["git", "commit", "-q", "-m", "a learner's note"], clone)
+    assert _run(["git", "show", f"HEAD:{NOTEBOOK}"], clone).stdout == staged
+    assert _run(["git", "status", "--porcelain"], clone).stdout == ""
+    assert _unstripped(nb_path.read_text()) == dirty, "the working copy keeps its outputs"
+
+    # 6. `make test`'s hygiene test passes in the clone, outputs and all.
+    test_id = f"tests/test_hygiene.py::test_notebook_is_stripped_and_valid[{nb_path.name}]"
+    proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id], clone,
+                check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # 7. What is committed stays held strictly: a notebook staged with outputs (the filter
+    # bypassed) fails, and the command the sentence names fixes it.
+    _run(["git", "-c", "filter.nbstripout.clean=cat", "add", "--renormalize", NOTEBOOK], clone)
+    assert _unstripped(_run(["git", "show", f":{NOTEBOOK}"], clone).stdout)
+    problem = _hygiene(clone).notebook_problem(nb_path)
+    fix = f"make filter && git add --renormalize {NOTEBOOK}"
+    assert problem == (f"In {NOTEBOOK} as staged for the next commit, {_first_problem(nb_path)}: "
+                       f"run `{fix}` to stage it without them")
+    _make("filter", clone)
+    _run(["git", "add", "--renormalize", NOTEBOOK], clone)
+    assert _hygiene(clone).notebook_problem(nb_path) is None
+    assert _run(["git", "status", "--porcelain"], clone).stdout == ""
+
+    # 8. `make strip` clears the working copy, and that is no change to git either.
+    assert "have no outputs" in _make("strip", clone)
+    assert _unstripped(nb_path.read_text()) == []
+    assert _run(["git", "status", "--porcelain"], clone).stdout == ""
+
+
+def _first_problem(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and cell.outputs:
+            return f"cell {index} has outputs"
+        if cell.cell_type == "code" and cell.execution_count is not None:
+            return f"cell {index} has an execution count"
+    raise AssertionError(f"{path.name} has no outputs")
+
+
+def _lab_server_options() -> dict[str, str]:
+    """The --ServerApp.NAME=VALUE options of the Makefile's lab recipe."""
+    recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    return dict(re.findall(r"--ServerApp\.(\w+)=(\S+)", recipe))
+
+
+def test_make_lab_stops_on_one_ctrl_c_without_a_question():
+    """jupyter_server asks "Shut down this Jupyter server (y/[n])?" on Ctrl-C at a terminal unless
+    answer_yes is set (ServerApp._confirm_exit); answer_yes is JupyterApp's trait, ServerApp's
+    base, which jupyter_core (installed with nbformat) defines."""
+    from jupyter_core.application import JupyterApp
+
+    options = _lab_server_options()
+    assert options.get("answer_yes") == "True", "make lab passes --ServerApp.answer_yes=True"
+    assert "answer_yes" in JupyterApp.class_traits(config=True)
+    try:
+        from jupyter_server.serverapp import ServerApp
+    except ImportError:
+        return  # the lab pins are not installed (make test leaves them out)
+    traits = ServerApp.class_traits(config=True)
+    assert set(options) <= set(traits), f"unknown ServerApp options: {set(options) - set(traits)}"
+    assert "self.answer_yes" in inspect.getsource(ServerApp._confirm_exit)
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("jupyterlab", "ipywidgets")),
+                    reason="the lab pins are not installed (make lab installs them, make test not)")
+def test_one_ctrl_c_at_a_terminal_stops_make_lab(tmp_path):
+    """`make lab` on a terminal (a pty: the prompt appears only when stdin is a tty); one Ctrl-C
+    stops it within seconds."""
+    import pty
+    import select
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: make lab, with this Python as the course's and its own settings
+        try:
+            os.chdir(ROOT)
+            os.environ.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+                              JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+            os.execvp("make", ["make", "-s", "lab", f"ENSURE=echo {sys.executable}"])
+        finally:
+            os._exit(127)
+    output = b""
+
+    def read(seconds: float) -> bool:  # False once the lab has exited
+        nonlocal output
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return False
+                output += chunk
+        return True
+
+    try:
+        deadline = time.monotonic() + 90
+        while b"/lab?token=" not in output and time.monotonic() < deadline and read(0.5):
+            pass
+        assert b"/lab?token=" in output, output.decode(errors="replace")[-2000:]
+        quiet_since = time.monotonic()  # the server finishes loading its extensions: it goes
+        while time.monotonic() - quiet_since < 2 and time.monotonic() < deadline:  # quiet
+            before = len(output)
+            read(0.5)
+            if len(output) != before:
+                quiet_since = time.monotonic()
+        os.write(fd, b"\x03")  # Ctrl-C, as the terminal sends it to the foreground processes
+        start = time.monotonic()
+        while read(0.5) and time.monotonic() - start < 15:
+            pass
+        seconds = time.monotonic() - start
+        text = output.decode(errors="replace")
+        assert "Shut down this Jupyter server" not in text
+        assert seconds < 10, f"make lab still ran {seconds:.0f} s after one Ctrl-C:\n{text[-2000:]}"
+    finally:
+        try:  # the child leads its own session and process group: make, and the lab under it
+            os.killpg(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
