@@ -94,7 +94,7 @@ def test_run_save_test_commit_keeps_the_sources_clean(clone):
     assert _unstripped(committed) == []
 
     # 1. Run the notebook and save it with its outputs, as `make lab` (or its autosave) does.
-    _run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+    _run([sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute",
           "--inplace", "--ExecutePreprocessor.timeout=120", NOTEBOOK], clone, timeout=240)
     dirty = _unstripped(nb_path.read_text())
     assert dirty, "the executed notebook has outputs in its working copy"
@@ -134,8 +134,8 @@ def test_run_save_test_commit_keeps_the_sources_clean(clone):
 
     # 6. `make test`'s hygiene test passes in the clone, outputs and all.
     test_id = f"tests/test_hygiene.py::test_notebook_is_stripped_and_valid[{nb_path.name}]"
-    proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_id], clone,
-                check=False)
+    proc = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                 test_id], clone, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     # 7. What is committed stays held strictly: a notebook staged with outputs (the filter
