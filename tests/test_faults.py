@@ -176,6 +176,7 @@ def test_ctrl_c_between_notebooks_keeps_the_last_complete_run(tmp_path, monkeypa
         f"is in {out.with_name('run.incomplete')}; {out} still holds the last complete run\n")
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_with_130_a_table_and_the_partial_copy(tmp_path):
     nb = _notebook(tmp_path / "slow.ipynb", "print('first cell ran')",
                    "import time\nfor _ in range(600):\n    time.sleep(0.1)")

@@ -356,12 +356,8 @@ def test_summary_reads_every_table():
 
 
 # ------------------------------------------------------------------ the notebook
-def _notebook_with(tmp_path: Path, replace: tuple[str, str] | None = None) -> Path:
+def _notebook_with(tmp_path: Path) -> Path:
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    if replace is not None:
-        params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-        assert replace[0] in params.source
-        params.source = params.source.replace(*replace)
     path = tmp_path / NOTEBOOK.name
     nbformat.write(nb, path)
     return path
@@ -377,18 +373,19 @@ def _outputs(path: Path) -> tuple[list, list, str]:
 
 
 @pytest.mark.notebook
-def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(tmp_path):
-    from coursetools import runner
-
-    path = _notebook_with(tmp_path, ("emulate_fp8 = False", "emulate_fp8 = True"))
-    run = runner.execute(path, tmp_path / "out", profile="smoke", timeout=300)
+def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(smoke_run):
+    """The shared smoke run (smoke_run, tests/conftest.py) executes 06 with emulate_fp8=True."""
+    out, runs = smoke_run
+    run = runs[NOTEBOOK.name]
+    assert run.parameters == {"emulate_fp8": True}, "the shared run sets emulate_fp8 in 06"
     assert run.ok, run.error
     errors, stderr, text = _outputs(run.output)
     assert not errors and not stderr, stderr
-    saved = {p.name for p in (tmp_path / "out" / "results").glob("06_*.csv")}
+    results = out / "results"
+    saved = {p.name for p in results.glob("06_*.csv")}
     assert {"06_rounding.csv", "06_correctness.csv", "06_width_sweep.csv",
             "06_end_to_end.csv"} <= saved
-    e2e = pd.read_csv(tmp_path / "out" / "results" / "06_end_to_end.csv")
+    e2e = pd.read_csv(results / "06_end_to_end.csv")
     assert list(e2e["status"]) == ["ran", "ran", "ran"]
     assert e2e["batch_checksum"].nunique() == 1
     assert (e2e["val_loss_diff_pct"].abs() < 2).all()
@@ -396,7 +393,7 @@ def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(tmp_path):
     # the noise floor: path 4 (bf16) trained 3 more times with the same seed and once from seed
     # 1's weights, kept out of the end-to-end table; every run's losses saved for re-plotting
     assert list(e2e["recipe"]) == ["bf16", "tensorwise", "rowwise"]
-    saved = json.loads((tmp_path / "out" / "results" / "06_losses.json").read_text())
+    saved = json.loads((results / "06_losses.json").read_text())
     runs = saved["runs"]
     assert set(runs) == {"bf16", "bf16 (repeat 1)", "bf16 (repeat 2)", "bf16 (repeat 3)",
                          "bf16 (seed 1)", "tensorwise", "rowwise"}
@@ -415,7 +412,7 @@ def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(tmp_path):
     assert e2e["loss_reading"].iloc[0] == "baseline"
     assert all(r.startswith(("within noise", "beyond noise")) for r in e2e["loss_reading"][1:])
     assert "path 4 (bf16) trained 4 times with the same seed" in text
-    readings = pd.read_csv(tmp_path / "out" / "results" / "06_noise.csv")
+    readings = pd.read_csv(results / "06_noise.csv")
     assert len(readings) == 5 and not readings["run"].str.contains("float8").any()
     assert "(smoke profile: the tiny model's start is not judged)" in text and "CHECK:" not in text
 

@@ -227,6 +227,7 @@ def _train(data, *, steps=25, amp=None, swap=False, seed=0):
     return run, int(checksum), plan, step
 
 
+@pytest.mark.slow
 def test_fp32_and_bf16_runs_see_the_same_batches_and_learn(small):
     fp32, sum32, plan, _ = _train(small)
     bf16, sum16, _, _ = _train(small, amp=torch.bfloat16)

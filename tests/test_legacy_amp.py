@@ -437,6 +437,7 @@ def fake_apex(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_script_cell_runs_levels_and_overflow_with_a_stand_in_amp(script, fake_apex, tmp_path,
                                                                    monkeypatch):
     log = tmp_path / "initialized.txt"

@@ -12,15 +12,11 @@ from coursetools import runner
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SMOKE_BUDGET_S = 120.0  # notebooks 01-05 together, on CI's 2-core CPU machine
-BEYOND_BUDGET_S = 75.0  # notebooks 06 (FP8) and 07 (scale-out, two gloo ranks) together
+BEYOND_BUDGET_S = 75.0  # notebooks 06 (FP8, float8 emulated) and 07 (scale-out, two gloo ranks)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    runs = runner.run_all(NOTEBOOKS, out, profile="smoke", timeout=300, notebook_timeout=120)
-    print("\n" + runner.summary(runs))
-    return out, {r.name: r for r in runs}
+# smoke_run (tests/conftest.py): every notebook executed once in the smoke profile, shared with
+# the other test files that read an executed notebook (06's float8 sections: test_fp8.py)
 
 
 def test_there_are_the_five_chapters_and_the_two_beyond():

@@ -160,6 +160,7 @@ dist.barrier()  # the other ranks wait here (up to 300 s) for the one that died
 SLEEPS = "import os, time\nprint(os.getpgrp(), flush=True)\ntime.sleep(120)\n"
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path, monkeypatch):
     (tmp_path / "dies.py").write_text(DIES)
     monkeypatch.setenv("COURSE_TEST_DIE_RANK", "1")
@@ -172,6 +173,7 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path
     assert launch.seconds < 60, "the waiting rank was not stopped when its partner died"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("body", "said"), [
     ("plan = {}\nplan['missing']\n", "its last error: KeyError: 'missing'"),
     ("from helpers import machine\nmachine.stop('COURSE_GPU_MEMORY_GIB=x is not a number')\n",
@@ -216,6 +218,7 @@ def test_a_port_in_use_is_one_sentence(tmp_path):
     assert launch.seconds < 30
 
 
+@pytest.mark.slow
 def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
     (tmp_path / "sleeps.py").write_text(SLEEPS)
     launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"}, tmp_path / "o.json",

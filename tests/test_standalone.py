@@ -33,7 +33,8 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
-    _run([str(python), "-m", "pip", "install", "-q", f"torch=={PINS['torch']}",
+    # --no-compile: no .pyc for torch's thousands of files (imports compile what they use)
+    _run([str(python), "-m", "pip", "install", "-q", "--no-compile", f"torch=={PINS['torch']}",
           f"nbconvert=={PINS['nbconvert']}", f"ipykernel=={PINS['ipykernel']}"])
     alone = tmp_path / "service"
     alone.mkdir()
