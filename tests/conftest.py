@@ -8,8 +8,10 @@
 * With pytest-xdist installed, ``pytest`` without ``-n`` runs on every core (at most
   ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive fixture (``smoke_run``,
   or a module-scoped fixture of their file) are put in one xdist group, so that fixture runs once,
-  on one worker; the longest work (the smoke group, tests marked ``slow`` or ``notebook``) is
-  handed out first. ``-n 0`` (or ``-p no:xdist``) runs everything in one process, in file order.
+  on one worker; the longest work is handed out first (by each test's seconds in the last run,
+  kept in pytest's cache; without them the smoke group, then tests marked ``slow`` or
+  ``notebook``), and each worker's torch gets its share of the cores (OMP_NUM_THREADS).
+  ``-n 0`` (or ``-p no:xdist``) runs everything in one process, in file order.
 """
 
 from __future__ import annotations
@@ -70,14 +72,27 @@ def pytest_cmdline_main(config):
     if (not config.pluginmanager.hasplugin("xdist") or option.numprocesses is not None
             or config.getoption("usepdb", False) or os.environ.get("PYTEST_XDIST_WORKER")):
         return
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        cores = os.cpu_count() or 1
-    option.numprocesses = max(1, min(MAX_WORKERS, cores))
+    option.numprocesses = max(1, min(MAX_WORKERS, _cores()))
     if option.dist == "no":
         option.dist = "loadgroup"
     option.loadscopereorder = False  # the workers' order: the longest work first
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def pytest_configure(config):
+    """On a worker: torch and its children (kernels, torchrun's ranks) use this worker's share
+    of the cores, so two workers on two cores do not each spin two threads (OMP_NUM_THREADS,
+    unless it is set already)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        share = max(1, _cores() // int(workerinput.get("workercount", 1)))
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -86,6 +101,23 @@ def pytest_configure_node(node):
         if not hasattr(node.config, "_course_units"):
             node.config._course_units = Path(tempfile.mkdtemp(prefix="course-test-units-"))
         node.workerinput[UNITS_DIR] = str(node.config._course_units)
+
+
+DURATIONS_KEY = "course/test-seconds"  # pytest's cache: each test's seconds in the last run
+
+
+_seconds: dict[str, float] = {}  # this run's tests, as the controller (or one process) sees them
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration  # all 3 phases
+
+
+def pytest_sessionfinish(session):
+    cache = getattr(session.config, "cache", None)
+    if _seconds and cache is not None and not hasattr(session.config, "workerinput"):
+        cache.set(DURATIONS_KEY, {**cache.get(DURATIONS_KEY, {}),
+                                  **{k: round(v, 2) for k, v in _seconds.items()}})
 
 
 def pytest_unconfigure(config):
@@ -136,28 +168,30 @@ def _shared_fixture(item) -> str | None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """On an xdist worker: the tests of one group together, the groups and tests that take
-    longest first (the smoke group, then those marked slow or notebook), and the groups written
-    where the scheduler reads them."""
+    """On an xdist worker: the tests of one group together, the longest units first (by the
+    seconds of the last run in pytest's cache; without them the smoke group, then groups and
+    tests marked slow or notebook), and the groups written where the scheduler reads them."""
     where = getattr(config, "workerinput", {}).get(UNITS_DIR)
     if where is None:
         return  # one process: file order
+    cache = getattr(config, "cache", None)
+    last = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
     units: dict[str, str] = {}  # node id -> its group
-    priority: dict[str, int] = {}  # unit (group or node id) -> 0 first
+    seconds: dict[str, float] = {}  # unit (group or node id) -> its seconds, or a guess
     first: dict[str, int] = {}
     for index, item in enumerate(items):
         group = _shared_fixture(item)
         if group is not None:
             units[item.nodeid] = f"group:{group}"
         unit = units.get(item.nodeid, item.nodeid)
-        rank = (0 if group == SMOKE_GROUP else
-                1 if item.get_closest_marker("slow") or item.get_closest_marker("notebook")
-                else 2)
-        priority[unit] = min(rank, priority.get(unit, rank))
+        guess = (120.0 if group == SMOKE_GROUP else
+                 10.0 if item.get_closest_marker("slow") or item.get_closest_marker("notebook")
+                 else 5.0 if group is not None else 0.1)
+        seconds[unit] = seconds.get(unit, 0.0) + last.get(item.nodeid, guess)
         first.setdefault(unit, index)
     unit_of = [units.get(item.nodeid, item.nodeid) for item in items]
     order = sorted(range(len(items)),
-                   key=lambda i: (priority[unit_of[i]], first[unit_of[i]], i))
+                   key=lambda i: (-seconds[unit_of[i]], first[unit_of[i]], i))
     items[:] = [items[i] for i in order]
     target = Path(where) / f"{config.workerinput['workerid']}.json"
     partial = target.with_suffix(".partial")
