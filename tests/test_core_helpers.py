@@ -51,7 +51,7 @@ def test_pick_and_progress_flags(monkeypatch):
 
 def test_timer_median_on_known_sleep():
     t = bench.benchmark(lambda: time.sleep(0.01), warmup=1, repeats=9, device="cpu")
-    assert 9.5 <= t.median_ms <= 30.0, t
+    assert 9.5 <= t.median_ms <= 60.0, t  # a busy CPU (another test worker) adds, never takes
     assert t.q1_ms <= t.median_ms <= t.q3_ms
     assert t.device == "cpu" and not t.flushed_l2
 

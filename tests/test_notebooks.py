@@ -11,8 +11,8 @@ from coursetools import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-SMOKE_BUDGET_S = 120.0  # notebooks 01-05 together, on CI's 2-core CPU machine
-BEYOND_BUDGET_S = 75.0  # notebooks 06 (FP8, float8 emulated) and 07 (scale-out, two gloo ranks)
+SMOKE_BUDGET_S = 150.0  # notebooks 01-05 together, on CI's 2 cores shared with a 2nd test worker
+BEYOND_BUDGET_S = 100.0  # 06 (float8 emulated) and 07 (two gloo ranks), likewise shared
 
 
 # smoke_run (tests/conftest.py): every notebook executed once in the smoke profile, shared with
