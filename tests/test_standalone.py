@@ -33,15 +33,18 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
-    # --no-compile: no .pyc for torch's thousands of files (imports compile what they use)
-    _run([str(python), "-m", "pip", "install", "-q", "--no-compile", f"torch=={PINS['torch']}",
-          f"nbconvert=={PINS['nbconvert']}", f"ipykernel=={PINS['ipykernel']}"])
+    wanted = {name: PINS[name] for name in ("torch", "nbconvert", "ipykernel")}
+    if not _link_installed(wanted, python):  # what pip would install, in a few seconds
+        # --no-compile: no .pyc for torch's thousands of files (imports compile what they use)
+        _run([str(python), "-m", "pip", "install", "-q", "--no-compile",
+              *(f"{name}=={version}" for name, version in wanted.items())])
     alone = tmp_path / "service"
     alone.mkdir()
     name = "02_fused_adam_vs_adamw.ipynb"
     shutil.copy(clone / "notebooks" / name, alone / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTHON"))}
-    env.update(COURSE_REPO=str(clone), COURSE_REF=head, COURSE_PROFILE="smoke",
+    # PIP_NO_COMPILE: the setup cell's pip writes no .pyc files (half its time on two CPUs)
+    env.update(COURSE_REPO=str(clone), COURSE_REF=head, COURSE_PROFILE="smoke", PIP_NO_COMPILE="1",
                HOME=str(tmp_path), PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")
     _run([str(python), "-m", "nbconvert", "--to", "notebook", "--execute",
           "--ExecutePreprocessor.timeout=600", "--output", "executed.ipynb", name],
@@ -56,6 +59,47 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     assert list((alone / "results").glob("02_*.csv")), "the notebook saved no table"
     torch_now = _run([str(python), "-c", "import torch; print(torch.__version__)"]).stdout
     assert torch_now.strip().split("+")[0] == PINS["torch"]  # the installed torch was kept
+
+
+def _link_installed(wanted: dict[str, str], python: Path) -> bool:
+    """Install ``wanted`` (name: version) and what they require into the fresh virtual
+    environment of ``python`` the quick way: hard links to this environment's files of the same
+    distributions (their own RECORDs say which), where each is installed here at that version.
+    False (nothing linked) where one is not, or the two folders cannot share files."""
+    import importlib.metadata as metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+                      ]).stdout.strip())
+    found, done, todo = {}, set(), [(name, "") for name in wanted]
+    while todo:  # (distribution, one of its extras or ""), as pip resolves them
+        name, extra = todo.pop()
+        name = canonicalize_name(name)
+        if (name, extra) in done:
+            continue
+        done.add((name, extra))
+        try:
+            found[name] = dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return False
+        if name in wanted and dist.version.split("+")[0] != wanted[name]:
+            return False
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                todo += [(requirement.name, e) for e in ("", *requirement.extras)]
+    files = [(Path(dist.locate_file(f)), site / f) for dist in found.values()
+             for f in dist.files or [] if f.parts[0] != ".." and "__pycache__" not in f.parts]
+    try:
+        for source, target in files:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.exists() and not target.exists():
+                os.link(source, target)
+    except OSError:  # another file system: pip installs them instead
+        return False
+    return True
 
 
 def _setup_in_a_kernel(code: str, env: dict) -> list[dict]:
