@@ -19,7 +19,7 @@ directory.
 ``injected-parameters`` after the parameters cell, as ``papermill -p`` writes it) in every
 notebook whose parameters cell defines that name. Refused before any notebook starts: a name no
 notebook defines, and a value of a type a notebook that defines the name does not take (the types
-of its ``machine.check_parameters(globals(), {...})`` call, read from its source, and that
+of its ``errors.check_parameters(globals(), {...})`` call, read from its source, and that
 function's rule: a bool is no number; a tuple reaches the notebook as a list). Where
 ``nvidia-smi`` runs, the GPU memory in use (every process on the GPU, what a smaller card would
 have to hold) is sampled during each notebook and its peak reported.
@@ -43,7 +43,9 @@ from pathlib import Path
 import nbformat
 from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
-from helpers.machine import ProfileError, check_parameters, resolve
+from helpers.errors import CourseError, check_parameters
+from helpers.run_profile import ProfileError, resolve
+from helpers.settings import HEADLESS_VAR, PROFILE_VAR, RESULTS_DIR_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -77,7 +79,7 @@ def _failing_cell(nb) -> tuple[int, str] | None:
     return None
 
 
-class ParameterError(ValueError):
+class ParameterError(CourseError):
     """A --param the notebooks cannot take; its message is the one sentence to print."""
 
 
@@ -151,7 +153,7 @@ def _parse_cell(source: str) -> ast.Module | None:
 
 
 def parameter_types(nb) -> dict[str, tuple[type, ...]]:
-    """The types the notebook declares in its ``machine.check_parameters(globals(), {...})``
+    """The types the notebook declares in its ``errors.check_parameters(globals(), {...})``
     call, read from its source without running it: name -> the types it accepts. A name whose
     types are not builtins (or ``type(None)``) is left out: the notebook checks it itself."""
     types: dict[str, tuple[type, ...]] = {}
@@ -186,7 +188,7 @@ def _notebook_label(paths: list[Path]) -> str:
 def type_problems(paths: list[Path], items: list[str]) -> str:
     """'' when every --param has a type each notebook that takes it accepts, else the one
     sentence naming the command-line setting. The rule is the notebooks' own: each value, as
-    papermill gives it to the kernel, goes through :func:`helpers.machine.check_parameters`
+    papermill gives it to the kernel, goes through :func:`helpers.errors.check_parameters`
     with the types the notebook declares (:func:`parameter_types`)."""
     params = parse_params(items)
     raw = {item.partition("=")[0].strip(): item.strip() for item in items}
@@ -199,7 +201,7 @@ def type_problems(paths: list[Path], items: list[str]) -> str:
                 continue
             try:
                 check_parameters({name: as_injected(params[name])}, {name: kinds})
-            except SystemExit:
+            except CourseError:
                 refusing.setdefault((name, _kinds_text(kinds)), []).append(path)
     if not refusing:
         return ""
@@ -292,8 +294,8 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
     out_dir.mkdir(parents=True, exist_ok=True)
     results = (out_dir / "results").resolve()
     results.mkdir(parents=True, exist_ok=True)
-    os.environ.update(COURSE_PROFILE=profile, COURSE_RESULTS_DIR=str(results),
-                      COURSE_HEADLESS="1", PYTHONUNBUFFERED="1")
+    os.environ.update({PROFILE_VAR: profile, RESULTS_DIR_VAR: str(results), HEADLESS_VAR: "1",
+                       "PYTHONUNBUFFERED": "1"})
     paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     nb, applied = inject(nbformat.read(path, as_version=4), params or {}, kernel)
@@ -489,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "run")
-    parser.add_argument("--profile", default=os.environ.get("COURSE_PROFILE", "auto"),
+    parser.add_argument("--profile", default=os.environ.get(PROFILE_VAR, "auto"),
                         help="auto, smoke or full (any case)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     parser.add_argument("--notebook-timeout", type=float, default=None,

@@ -22,7 +22,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from helpers import machine
+from helpers import errors, machine
 
 Importer = Callable[[str], ModuleType]
 
@@ -37,7 +37,7 @@ FIX = "./build_apex.sh --force"
 NO_GPU_WARNING = "no GPU visible: extensions imported, kernels not exercised"
 
 
-class WrongResult(AssertionError):
+class WrongResult(errors.CourseError, AssertionError):
     """A kernel ran but its answer differs from the torch reference beyond tolerance."""
 
 
@@ -58,13 +58,13 @@ def _import(name: str) -> ModuleType:
 
 
 def _one_line(exc: BaseException, limit: int = 140) -> str:
-    """One line for a verdict: a wrong answer and out-of-memory say so, else machine.one_line."""
+    """One line for a verdict: a wrong answer and out-of-memory say so, else errors.one_line."""
     if isinstance(exc, WrongResult):
         text = f"wrong result: {exc}"
         return text if len(text) <= limit else text[: limit - 3] + "..."
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return "out of the GPU's memory during a tiny test (another process holds it?)"
-    return machine.one_line(exc, limit=limit)
+    return errors.one_line(exc, limit=limit)
 
 
 def _check_close(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: float,

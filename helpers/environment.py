@@ -20,10 +20,11 @@ import torch
 
 from helpers import BENCH_METHOD_VERSION, __version__, machine
 from helpers.results import repo_root
+from helpers.settings import COMMIT_VAR, MEMORY_VAR, PROFILE_VAR
 
 # Environment variables that change what the numbers mean.
 RELEVANT_VARS = (
-    "COURSE_PROFILE", "COURSE_GPU_MEMORY_GIB", "CUDA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST",
+    PROFILE_VAR, MEMORY_VAR, "CUDA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST",
     "NVIDIA_TF32_OVERRIDE", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG",
 )
 
@@ -55,8 +56,8 @@ def installed_commit(dist: str = "apex-course-helpers") -> str | None:
 def course_commit() -> str | None:
     """The git commit of the course: ``$COURSE_COMMIT`` (a copy without .git), the checkout's
     HEAD, or the commit pip installed it from (:func:`installed_commit`)."""
-    if os.environ.get("COURSE_COMMIT"):
-        return os.environ["COURSE_COMMIT"]
+    if os.environ.get(COMMIT_VAR):
+        return os.environ[COMMIT_VAR]
     root = repo_root()
     if root is None:
         return installed_commit()

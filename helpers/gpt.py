@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import bench, ceilings, kernels, machine, verdicts
+from helpers import bench, ceilings, errors, kernels, verdicts
 
 # ------------------------------------------------------------------ the model
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -427,13 +427,13 @@ def attempt(fn: Callable[[], bench.Run], label: str, device: torch.device | str,
     try:
         if compile_fix is None:
             return fn()
-        with machine.compile_guard(compile_fix):
+        with errors.compile_guard(compile_fix):
             return fn()
     except torch.OutOfMemoryError as exc:
         return bench.Run(label, device.type, error=(
-            f"out of GPU memory ({machine.one_line(exc, 100)}): set a smaller batch_size in the "
+            f"out of GPU memory ({errors.one_line(exc, 100)}): set a smaller batch_size in the "
             "parameters cell"))
-    except machine.CompileFailed as exc:
+    except errors.CompileFailed as exc:
         return bench.Run(label, device.type, error=str(exc))
     finally:
         if compile_fix is not None:

@@ -2,32 +2,25 @@
 
 - the capability checks: a CUDA GPU, native bf16, Apex's compiled extensions, the legacy
   ``apex.amp`` install, and the one choice of the mixed-precision dtype (:func:`amp_dtype`);
-- :func:`needs`, the one-line skip every GPU-only cell uses;
-- :func:`one_line` and :func:`stop`, the one-sentence errors; :func:`oom_exit` and
-  :func:`compile_guard` for the two failures a reader meets most;
-- the run profile this machine gets (:func:`resolve`: ``smoke``, tiny sizes in seconds on a CPU,
-  or ``full``, the course sizes on a GPU), the progress bars, and the GPU memory cap that
-  rehearses a smaller card (:func:`cap_gpu_memory`).
+- :func:`needs`, the one-line skip every GPU-only cell uses (:func:`missing` says why).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.metadata
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
 
 import torch
 
+from helpers.errors import CourseError
 from helpers.results import repo_root
+from helpers.settings import MEMORY_VAR
 
 # Apex's compiled extensions the course relies on, and what each one provides.
 APEX_EXTENSIONS: dict[str, str] = {
@@ -37,92 +30,6 @@ APEX_EXTENSIONS: dict[str, str] = {
 }
 BUILD_HINT = "build it with ./build_apex.sh (see notebook 01)"
 AMP_DTYPES = ("auto", "bf16", "fp16")
-
-
-# ------------------------------------------------------------------ one-sentence errors
-class CourseError(RuntimeError):
-    """An error whose message is already the one sentence the reader needs."""
-
-
-def one_line(exc: BaseException, limit: int = 200) -> str:
-    """``Type: first line`` of the innermost cause of ``exc`` (Dynamo and Apex wrap the real
-    error; a first line that only introduces the next, ending in ':', is joined to it)."""
-    seen = {id(exc)}
-    while True:
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if inner is None or id(inner) in seen:
-            break
-        seen.add(id(inner))
-        exc = inner
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
-    if first.endswith(":") and len(lines) > 1:
-        first = f"{first} {lines[1]}"
-    text = f"{type(exc).__name__}: {first}".rstrip(": ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def check_parameters(namespace: dict, expected: dict[str, type | tuple[type, ...]]) -> None:
-    """Refuse, in one sentence and before any work, a parameters-cell value of the wrong type:
-    ``check_parameters(globals(), {"steps": (int, type(None)), "lr": float})``. An int passes
-    for a float; a bool never passes for a number."""
-    for name, kinds in expected.items():
-        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-        value = namespace.get(name)
-        ok = any(isinstance(value, k) and not (isinstance(value, bool) and k in (int, float))
-                 or (k is float and isinstance(value, int) and not isinstance(value, bool))
-                 for k in kinds)
-        if not ok:
-            want = " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
-            stop(f"Parameter {name} = {value!r} must be {want}: fix it in the parameters cell "
-                 "(the first code cell) and run the notebook again.")
-
-
-def cuda_failure(exc: BaseException) -> str:
-    """One sentence, with the fix, for a CUDA error raised by a first kernel launch."""
-    text = str(exc)
-    if "no kernel image" in text:
-        return ("CUDA error: this torch has no kernels for this GPU's compute capability; "
-                "install a torch build that supports it (pip install torch from the CUDA index "
-                "matching your driver).")
-    if "driver" in text.lower() or "CUDA_ERROR" in text or "initialization" in text.lower():
-        return (f"CUDA error from the driver ({one_line(exc)}): run nvidia-smi; update the "
-                "NVIDIA driver to one that supports torch's CUDA release, or restart the "
-                "machine if nvidia-smi fails too.")
-    return f"CUDA error ({one_line(exc)}): run nvidia-smi and check the GPU is not in use."
-
-
-def stop(sentence: str) -> None:
-    """End the notebook (or script) here with one sentence and no traceback."""
-    raise SystemExit(sentence)
-
-
-@contextlib.contextmanager
-def oom_exit(what: str) -> Iterator[None]:
-    """Turn a CUDA out-of-memory error inside the block into one clear sentence."""
-    try:
-        yield
-    except torch.cuda.OutOfMemoryError:
-        free, total = torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, 0)
-        stop(f"Out of GPU memory while {what} ({free / 2**30:.1f} of {total / 2**30:.1f} GiB "
-             "free): run with profile = 'smoke', or free the GPU (other processes, notebooks).")
-
-
-class CompileFailed(CourseError):
-    """torch.compile (or the first call, which compiles) failed; the message is one line."""
-
-
-@contextlib.contextmanager
-def compile_guard(fix: str) -> Iterator[None]:
-    """Turn any failure of ``torch.compile`` inside the block (not out-of-memory) into a
-    one-line :class:`CompileFailed` that ends with ``fix``."""
-    try:
-        yield
-    except torch.cuda.OutOfMemoryError:
-        raise
-    except Exception as exc:
-        raise CompileFailed(f"torch.compile failed ({one_line(exc)}); {fix}") from None
-
 
 # ------------------------------------------------------------------ capabilities
 def cuda_available() -> bool:
@@ -319,126 +226,3 @@ def needs(**requirements) -> bool:
     return True
 
 
-# --- the run profile ----------------------------------------------------------------------
-
-PROFILE_VAR = "COURSE_PROFILE"
-HEADLESS_VAR = "COURSE_HEADLESS"
-# Rehearse a smaller card on a bigger one: COURSE_GPU_MEMORY_GIB=15 caps what this process may
-# allocate (torch.cuda.set_per_process_memory_fraction); every size rule reads the capped value.
-MEMORY_VAR = "COURSE_GPU_MEMORY_GIB"
-NAMES = ("smoke", "full")
-
-T = TypeVar("T")
-
-
-class ProfileError(SystemExit):
-    """A profile name the course does not know or cannot honour. A SystemExit, so that a
-    notebook stops on its one sentence (IPython shows no traceback for it)."""
-
-    def __str__(self) -> str:
-        return str(self.code)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """The chosen profile, the device the notebook runs on and whether it runs headless."""
-
-    name: str
-    device: str
-    headless: bool = False
-    memory_cap: str = ""  # the line cap_gpu_memory() said, when a cap is set
-
-    @property
-    def is_full(self) -> bool:
-        """True for the course sizes."""
-        return self.name == "full"
-
-    @property
-    def has_cuda(self) -> bool:
-        """True when the notebook runs on a CUDA GPU."""
-        return self.device == "cuda"
-
-    @property
-    def show_progress(self) -> bool:
-        """Progress bars only for interactive full-size runs."""
-        return self.is_full and not self.headless
-
-    def pick(self, smoke: T, full: T) -> T:
-        """Return the value for this profile: ``profile.pick(smoke=64, full=8192)``."""
-        return full if self.is_full else smoke
-
-    def progress(self, iterable: Iterable | None = None, *, desc: str = "",
-                 total: int | None = None, **kwargs: Any):
-        """A tqdm bar, shown only in interactive full-size runs (quiet headless and in smoke).
-
-        Interactive runs get ``tqdm.auto`` (a widget in Jupyter when ipywidgets is installed,
-        text otherwise); quiet runs get a disabled plain bar, so no widget warning is printed."""
-        from tqdm import std
-
-        if not self.show_progress:
-            return std.tqdm(iterable, desc=desc, total=total, disable=True, **kwargs)
-        from tqdm.auto import tqdm  # imported only here: it warns when ipywidgets is missing
-
-        return tqdm(iterable, desc=desc, total=total, leave=False, **kwargs)
-
-    def describe(self) -> str:
-        """One line for the notebook header."""
-        where = "a CUDA GPU" if self.has_cuda else "the CPU"
-        how = "headless" if self.headless else "interactive"
-        line = f"profile '{self.name}' on {where} ({how})"
-        if not self.has_cuda:
-            line += ": no CUDA GPU here, so sizes are tiny and GPU-only cells are skipped"
-        if self.memory_cap:
-            line += f"\n{self.memory_cap}"
-        return line
-
-
-def cap_gpu_memory(device: int = 0) -> str:
-    """Apply ``$COURSE_GPU_MEMORY_GIB`` to this process's CUDA allocator; '' when it is unset,
-    else the one line that says what was capped. A value that is no positive number is refused
-    in one sentence (:class:`ProfileError`)."""
-    raw = os.environ.get(MEMORY_VAR, "").strip()
-    if not raw:
-        return ""
-    try:
-        gib = float(raw)
-    except ValueError:
-        gib = float("nan")
-    if not gib > 0:
-        raise ProfileError(f"{MEMORY_VAR}={raw!r} is not a positive number of GiB: unset it, "
-                           f"or set e.g. {MEMORY_VAR}=15 to rehearse a 16 GB card")
-    total = torch.cuda.get_device_properties(device).total_memory / 2**30
-    fraction = min(1.0, gib / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return (f"GPU memory capped at {fraction * total:.1f} GiB of this GPU's {total:.1f} GiB "
-            f"({MEMORY_VAR}={raw}; allocations beyond it fail as on a smaller card)")
-
-
-def resolve(requested: str | None = None, *, cuda: bool | None = None) -> Profile:
-    """Choose the profile.
-
-    Precedence: an explicit ``requested`` name (the notebook's parameters cell, or papermill),
-    then the ``COURSE_PROFILE`` environment variable, then ``auto``: ``full`` on CUDA, ``smoke``
-    otherwise. ``full`` without a CUDA GPU is refused with a clear message.
-    """
-    if cuda is None:
-        cuda = cuda_available()
-    name = (requested or "").strip().lower()
-    if name in ("", "auto"):
-        name = os.environ.get(PROFILE_VAR, "").strip().lower() or "auto"
-    if name == "auto":
-        name = "full" if cuda else "smoke"
-    if name not in NAMES:
-        raise ProfileError(
-            f"unknown profile '{name}': use one of {', '.join(NAMES)} or 'auto' "
-            f"(set {PROFILE_VAR}=smoke, or profile = 'smoke' in the parameters cell)"
-        )
-    if name == "full" and not cuda:
-        raise ProfileError(
-            "the 'full' profile needs a CUDA GPU and none is visible to torch; "
-            f"use {PROFILE_VAR}=smoke (or 'auto') on this machine"
-        )
-    headless = os.environ.get(HEADLESS_VAR, "") == "1"
-    memory_cap = cap_gpu_memory() if cuda else ""
-    return Profile(name=name, device="cuda" if cuda else "cpu", headless=headless,
-                   memory_cap=memory_cap)

@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ENV_VAR = "COURSE_RESULTS_DIR"
+from helpers.errors import CourseError
+from helpers.settings import RESULTS_DIR_VAR
 
 
 def repo_root() -> Path | None:
@@ -23,7 +24,7 @@ def repo_root() -> Path | None:
 
 def results_dir() -> Path:
     """``$COURSE_RESULTS_DIR``, else ``<checkout>/results``, else ``./results``; created on use."""
-    env = os.environ.get(ENV_VAR)
+    env = os.environ.get(RESULTS_DIR_VAR)
     if env:
         path = Path(env)
     else:
@@ -34,8 +35,8 @@ def results_dir() -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as exc:
-        raise SystemExit(f"Cannot write results to {path} ({exc.strerror or exc}): set "
-                         f"{ENV_VAR} to a writable folder and run again.") from None
+        raise CourseError(f"Cannot write results to {path} ({exc.strerror or exc}): set "
+                         f"{RESULTS_DIR_VAR} to a writable folder and run again.") from None
     return path
 
 

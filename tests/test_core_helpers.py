@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, ceilings, environment, machine, results
-from helpers.machine import Profile, ProfileError, resolve
+from helpers import bench, ceilings, environment, errors, machine, results, run_profile, settings
+from helpers.run_profile import Profile, ProfileError, resolve
 
 # ---------------------------------------------------------------- profile
 
@@ -301,7 +301,7 @@ def test_amp_dtype_follows_the_capability(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))  # T4, V100-ish
     assert machine.amp_dtype("auto", "cuda") is torch.float16
     assert machine.amp_dtype("FP16", "cuda") is torch.float16
-    with pytest.raises(machine.CourseError, match="compute capability 8.0"):
+    with pytest.raises(errors.CourseError, match="compute capability 8.0"):
         machine.amp_dtype("bf16", "cuda")
     assert "GradScaler" in machine.amp_dtype_line(torch.float16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
@@ -311,7 +311,7 @@ def test_amp_dtype_follows_the_capability(monkeypatch):
 
 
 def test_amp_dtype_refuses_unknown_names_in_one_sentence():
-    with pytest.raises(machine.CourseError, match="not one of auto, bf16, fp16"):
+    with pytest.raises(errors.CourseError, match="not one of auto, bf16, fp16"):
         machine.amp_dtype("float8")
     assert machine.amp_dtype("auto", "cpu") is torch.bfloat16
 
@@ -326,14 +326,14 @@ def test_one_line_reads_the_innermost_cause():
         except ValueError as inner:
             raise RuntimeError("backend='inductor' raised:\nwrapped") from inner
     except RuntimeError as exc:
-        assert machine.one_line(exc) == "ValueError: the real problem"
-    assert machine.one_line(RuntimeError("x" * 300)).endswith("...")
-    assert machine.one_line(RuntimeError("")) == "RuntimeError"
+        assert errors.one_line(exc) == "ValueError: the real problem"
+    assert errors.one_line(RuntimeError("x" * 300)).endswith("...")
+    assert errors.one_line(RuntimeError("")) == "RuntimeError"
 
 
 def test_compile_guard_turns_any_failure_into_one_line():
-    with pytest.raises(machine.CompileFailed) as info:
-        with machine.compile_guard("set run_compile = False"):
+    with pytest.raises(errors.CompileFailed) as info:
+        with errors.compile_guard("set run_compile = False"):
             raise RuntimeError("no C compiler\nlong trace")
     assert str(info.value) == ("torch.compile failed (RuntimeError: no C compiler); "
                                "set run_compile = False")
@@ -381,16 +381,16 @@ def test_peak_and_mfu():
 
 def test_check_parameters_refuses_a_wrong_type_in_one_sentence():
     ok = {"steps": 10, "lr": 1, "batch": None, "flag": True, "eps": (1e-3,)}
-    machine.check_parameters(ok, {"steps": int, "lr": float, "batch": (int, type(None)),
+    errors.check_parameters(ok, {"steps": int, "lr": float, "batch": (int, type(None)),
                                   "flag": bool, "eps": (tuple, float)})
-    with pytest.raises(SystemExit) as info:
-        machine.check_parameters({"o3_eps": "1e-3"}, {"o3_eps": (tuple, list, float)})
+    with pytest.raises(errors.CourseError) as info:
+        errors.check_parameters({"o3_eps": "1e-3"}, {"o3_eps": (tuple, list, float)})
     message = str(info.value)
     assert message.count("\n") == 0 and "o3_eps = '1e-3' must be tuple or list or float" in message
-    with pytest.raises(SystemExit, match="steps = True must be int"):
-        machine.check_parameters({"steps": True}, {"steps": int})  # a bool is not a count
-    with pytest.raises(SystemExit, match="missing = None must be int"):
-        machine.check_parameters({}, {"missing": int})
+    with pytest.raises(errors.CourseError, match="steps = True must be int"):
+        errors.check_parameters({"steps": True}, {"steps": int})  # a bool is not a count
+    with pytest.raises(errors.CourseError, match="missing = None must be int"):
+        errors.check_parameters({}, {"missing": int})
 
 
 @pytest.mark.parametrize("error, expected", [
@@ -399,7 +399,7 @@ def test_check_parameters_refuses_a_wrong_type_in_one_sentence():
     ("CUDA error: an illegal memory access was encountered", "CUDA error (RuntimeError"),
 ])
 def test_cuda_failures_become_one_sentence_with_the_fix(error, expected):
-    sentence = machine.cuda_failure(RuntimeError(error))
+    sentence = errors.cuda_failure(RuntimeError(error))
     assert expected in sentence and "\n" not in sentence
 
 
@@ -421,7 +421,7 @@ def test_a_cache_measured_with_too_few_repeats_is_measured_again(capsys):
 
 
 def test_an_unknown_profile_stops_a_notebook_without_a_traceback():
-    with pytest.raises(SystemExit) as info:  # IPython prints a SystemExit as its message only
+    with pytest.raises(errors.CourseError) as info:  # a notebook shows its sentence alone
         resolve("bogus", cuda=False)
     assert str(info.value).startswith("unknown profile 'bogus'")
     assert resolve("SMOKE", cuda=False).name == "smoke"  # names are case-insensitive
@@ -437,16 +437,16 @@ def test_gpu_memory_cap_sets_the_fraction_and_says_so(monkeypatch):
                         lambda _d: types.SimpleNamespace(total_memory=140 * 2**30))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda f, d=None: set_to.update(fraction=f))
-    monkeypatch.setenv(machine.MEMORY_VAR, "15")
-    chosen = machine.resolve("smoke", cuda=True)
+    monkeypatch.setenv(settings.MEMORY_VAR, "15")
+    chosen = run_profile.resolve("smoke", cuda=True)
     assert set_to["fraction"] == pytest.approx(15 / 140)
     assert "GPU memory capped at 15.0 GiB of this GPU's 140.0 GiB" in chosen.describe()
-    monkeypatch.setenv(machine.MEMORY_VAR, "500")  # more than the card: the whole card
-    machine.cap_gpu_memory()
+    monkeypatch.setenv(settings.MEMORY_VAR, "500")  # more than the card: the whole card
+    run_profile.cap_gpu_memory()
     assert set_to["fraction"] == 1.0
     for bad in ("fifteen", "0", "-3"):
-        monkeypatch.setenv(machine.MEMORY_VAR, bad)
-        with pytest.raises(machine.ProfileError, match="is not a positive number of GiB"):
-            machine.resolve("smoke", cuda=True)
-    monkeypatch.delenv(machine.MEMORY_VAR)
-    assert machine.resolve("smoke", cuda=True).memory_cap == ""
+        monkeypatch.setenv(settings.MEMORY_VAR, bad)
+        with pytest.raises(run_profile.ProfileError, match="is not a positive number of GiB"):
+            run_profile.resolve("smoke", cuda=True)
+    monkeypatch.delenv(settings.MEMORY_VAR)
+    assert run_profile.resolve("smoke", cuda=True).memory_cap == ""

@@ -15,7 +15,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from coursetools import report, runner
-from helpers import machine, results
+from helpers import errors, machine, results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -220,7 +220,7 @@ def test_results_that_cannot_be_written_are_one_sentence(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(blocker / "results"))
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(errors.CourseError) as info:
         results.results_dir()
     assert str(info.value).startswith(f"Cannot write results to {blocker / 'results'}")
     assert "COURSE_RESULTS_DIR" in str(info.value)

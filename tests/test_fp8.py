@@ -23,7 +23,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import bench, fp8, gpt, machine
+from helpers import bench, errors, gpt, machine
+from helpers.chapters import fp8
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "06_fp8_on_hopper.ipynb"
@@ -217,7 +218,7 @@ def test_quiet_torchao_drops_only_its_noise():
 
 
 def test_importing_torchao_through_the_helper_prints_nothing():
-    proc = subprocess.run([sys.executable, "-c", "from helpers import fp8\n"
+    proc = subprocess.run([sys.executable, "-c", "from helpers.chapters import fp8\n"
                            "assert fp8.torchao_problem() == ''\n"
                            "from torchao.float8 import convert_to_float8_training"],
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -463,14 +464,14 @@ def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
     ("lr = None", 'lr = "3e-4"', "Parameter lr = '3e-4' must be")])
 def test_bad_widths_recipes_noise_runs_and_lr_stop_in_one_sentence(old, new, said):
     """The notebook's parameters cell, edited, then its checks (the setup cell up to the
-    profile): refused in one sentence (a SystemExit, which IPython prints without a traceback)."""
+    profile): refused in one sentence (a CourseError: a notebook shows its sentence alone)."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    checks = next(c.source for c in nb.cells if "machine.check_parameters(" in c.source)
+    checks = next(c.source for c in nb.cells if "errors.check_parameters(" in c.source)
     assert old in params.source
-    space = {"machine": machine}
+    space = {"machine": machine, "errors": errors}
     exec(params.source.replace(old, new), space)
-    with pytest.raises(SystemExit, match=f"^{re.escape(said)}"):
+    with pytest.raises(errors.CourseError, match=f"^{re.escape(said)}"):
         exec(checks.split("profile = resolve(profile)", 1)[0], space)
     exec(params.source, space)  # as shipped: the checks pass
     exec(checks.split("profile = resolve(profile)", 1)[0], space)

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, fp8, gpt, verdicts
+from helpers import bench, gpt, verdicts
+from helpers.chapters import fp8
 
 LABELS = {"bf16": "path 4 (bf16)", "tensorwise": "path 4 + float8 tensorwise",
           "rowwise": "path 4 + float8 rowwise"}

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, ceilings, gpt, kernels, machine, verdicts
+from helpers import bench, ceilings, errors, gpt, kernels, machine, run_profile, verdicts
 
 CPU = torch.device("cpu")
 
@@ -303,7 +303,7 @@ def test_other_errors_of_an_eager_path_still_raise():
 
 
 def test_compile_guard_is_the_one_that_is_used():
-    assert issubclass(machine.CompileFailed, RuntimeError)
+    assert issubclass(errors.CompileFailed, errors.CourseError)
 
 
 # ------------------------------------------------------------------ measured memory
@@ -533,7 +533,7 @@ def test_the_05_recipe_cell_matches_the_recipe_06_and_07_import():
                        "05_end_to_end_transformer.ipynb", as_version=4)
     cell = next(c.source for c in nb.cells if "def lr_at(i):" in c.source)
     assert "recipe = gpt.Recipe(steps=steps, lr=lr, warmup=lr_warmup)" in cell
-    namespace = {"math": math, "gpt": gpt, "profile": machine.resolve("smoke"), "steps": 24,
+    namespace = {"math": math, "gpt": gpt, "profile": run_profile.resolve("smoke"), "steps": 24,
                  "lr": None}
     exec(cell, namespace)  # noqa: S102 - the notebook's own cell, as the notebook runs it
     broken = cell.replace("0.1 + 0.45", "0.2 + 0.4")  # a schedule that drifted from the recipe

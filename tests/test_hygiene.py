@@ -241,19 +241,29 @@ def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
         assert "missing: pytest ruff yaml" in proc.stderr
 
 
+CORE_MODULES_AT_MOST = 16  # the core stays small: a new chapter adds to helpers/chapters/
+
+
 def test_readme_layout_lists_every_helper_module_and_no_other():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Repository layout", 1)[1].split("```", 2)[1]
-    listed = set(re.findall(r"^  ([a-z0-9_]+\.py)\b", block, re.M))
-    on_disk = {p.name for p in (ROOT / "helpers").glob("*.py") if p.name != "__init__.py"}
-    on_disk |= {p.name for p in (ROOT / "coursetools").glob("*.py") if p.name != "__init__.py"}
-    assert listed == on_disk
-    # helpers/ holds at most 14 modules: a measuring core named by job, plus at most one module
-    # per chapter, each named in the layout by its notebook ("notebook 05: ...")
-    assert len(list((ROOT / "helpers").rglob("*.py"))) - 1 <= 14, "helpers/ holds at most 14"
     helpers = block.split("\nhelpers/", 1)[1].split("\ncoursetools/", 1)[0]
-    chapter = set(re.findall(r"^  ([a-z0-9_]+\.py) +notebook \d\d:", helpers, re.M))
-    notebooks = list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert len(chapter) <= len(notebooks), "more chapter modules than chapters"
-    numbers = re.findall(r"^  [a-z0-9_]+\.py +notebook (\d\d):", helpers, re.M)
-    assert len(numbers) == len(set(numbers)), "one module per chapter"
+    core, chapters = helpers.split("\n  chapters/", 1)
+    tooling = block.split("\ncoursetools/", 1)[1]
+
+    def listed(text: str, indent: int) -> set[str]:
+        return set(re.findall(rf"^ {{{indent}}}([a-z0-9_]+(?:\.py|/))", text, re.M))
+
+    def on_disk(folder: Path) -> set[str]:
+        return ({p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+                | {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()})
+
+    assert listed(core, 2) | {"chapters/"} == on_disk(ROOT / "helpers")
+    assert listed(chapters, 4) == on_disk(ROOT / "helpers" / "chapters")
+    assert listed(tooling, 2) == on_disk(ROOT / "coursetools")
+    assert len(listed(core, 2)) <= CORE_MODULES_AT_MOST, "the core grew: is it a chapter's?"
+    # each chapter module is named by its notebook ("notebook 05: ..."), one per notebook
+    numbers = re.findall(r"^    [a-z0-9_]+\.py +notebook (\d\d):", chapters, re.M)
+    assert len(numbers) == len(listed(chapters, 4)) == len(set(numbers)), "one per chapter"
+    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert set(numbers) <= notebooks, "a chapter module without its notebook"

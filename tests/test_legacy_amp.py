@@ -1,4 +1,4 @@
-"""Tests for notebook 04's chapter module (helpers.legacy_amp) and its legacy script cell.
+"""Tests for notebook 04's chapter module (helpers.chapters.legacy_amp) and its legacy script cell.
 
 Everything here runs on the CPU at smoke sizes. The legacy apex.amp itself needs a CUDA GPU;
 what can be checked without one is checked: the child's plan and its refusals, its JSON, its
@@ -20,8 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import bench, legacy_amp, machine
-from helpers.legacy_amp import TrainConfig
+from helpers import bench, errors, machine
+from helpers.chapters import legacy_amp
+from helpers.chapters.legacy_amp import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "04_legacy_apex_amp_vs_torch_amp.ipynb"
@@ -273,7 +274,7 @@ def test_o3_eps_accepts_one_float_and_refuses_bad_values():
     assert legacy_amp.check_eps([1e-4, "0.001"]) == (1e-4, 1e-3)
     assert legacy_amp.check_eps(()) == ()
     for bad in (0, 2.0, (1e-3, -1.0), "x", None):
-        with pytest.raises(machine.CourseError) as exc:
+        with pytest.raises(errors.CourseError) as exc:
             legacy_amp.check_eps(bad)
         assert "o3_eps" in str(exc.value) and "\n" not in str(exc.value)
     assert legacy_amp.o3_label(1e-3) == "O3 eps=0.001"
@@ -331,7 +332,7 @@ def _legacy_source() -> Path | None:
 @pytest.mark.skipif(_legacy_source() is None, reason="no legacy apex.amp source or install here")
 def test_legacy_import_hides_compiled_kernels_and_reset_is_clean(tmp_path):
     legacy = _legacy_source()
-    code = ("import json; from helpers import legacy_amp as l; "
+    code = ("import json; from helpers.chapters import legacy_amp as l; "
             f"c = l.Child({{'config': {CFG.to_json()}}}, None); "
             "assert c.import_legacy_amp() is not None, c.import_error; "
             "info = dict(c.payload['meta']); info['restored'] = l.reset_amp(); "

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import norms, verdicts
+from helpers import verdicts
+from helpers.chapters import norms
 
 EPS = 1e-5
 

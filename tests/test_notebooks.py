@@ -49,7 +49,7 @@ def test_smoke_profile_is_fast(smoke_run):
 @pytest.mark.notebook
 def test_a_wrong_parameter_type_stops_the_notebook_in_one_sentence(tmp_path):
     """A float where a tuple is expected, a string where a number is: refused before any work,
-    in one sentence (a SystemExit, which IPython prints without a traceback)."""
+    in one sentence (a CourseError, which a notebook shows as its sentence alone)."""
     source = ROOT / "notebooks" / "04_legacy_apex_amp_vs_torch_amp.ipynb"
     nb = nbformat.read(source, as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
@@ -58,7 +58,7 @@ def test_a_wrong_parameter_type_stops_the_notebook_in_one_sentence(tmp_path):
     nbformat.write(nb, path)
     run = runner.execute(path, tmp_path / "out", profile="smoke", timeout=120)
     assert not run.ok
-    assert run.error.startswith("SystemExit: Parameter legacy_timeout_s = '300' must be float")
+    assert run.error.startswith("CourseError: Parameter legacy_timeout_s = '300' must be float")
     executed = nbformat.read(run.output, as_version=4)
     errors = [(i, o) for i, c in enumerate(executed.cells) for o in c.get("outputs", [])
               if o.output_type == "error"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import bench
-from helpers import optimizers as chapter
+from helpers.chapters import optimizers as chapter
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 
@@ -31,7 +31,7 @@ def native(device="cpu"):
 def test_no_helper_builds_an_optimizer_the_notebook_compares():
     source = Path(chapter.__file__).read_text()
     for name in ("AdamW(", "FusedAdam(", "Adam(", "SGD("):
-        assert name not in source, f"helpers/optimizers.py constructs {name}...): use a factory"
+        assert name not in source, f"{chapter.__file__} constructs {name}...): use a factory"
 
 
 def test_model_size_matches_formula():

@@ -137,6 +137,6 @@ def test_the_pinned_extra_is_requirements_runtime_pins_without_torch():
 
 
 def test_notebook_06_names_the_torchao_that_requirements_pins():
-    from helpers import fp8
+    from helpers.chapters import fp8
 
     assert fp8.TORCHAO_PIN == pip_pins(REQUIREMENTS)["torchao"], "one torchao pin, everywhere"

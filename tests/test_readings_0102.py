@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from helpers import bench, ceilings, verdicts
-from helpers import optimizers as chapter
+from helpers.chapters import optimizers as chapter
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -106,8 +106,8 @@ def test_gpu_sampler_reports_the_peak_of_its_window(monkeypatch):
 
 def _takes(path: Path, cell: str, types: str) -> Path:
     """A notebook with a parameters cell and the check_parameters call the course's have."""
-    nb = new_notebook(cells=[new_code_cell(cell), new_code_cell("from helpers import machine"),
-                             new_code_cell(f"machine.check_parameters(globals(), {types})"),
+    nb = new_notebook(cells=[new_code_cell(cell), new_code_cell("from helpers import errors"),
+                             new_code_cell(f"errors.check_parameters(globals(), {types})"),
                              new_code_cell("print('ran')")])
     nb.cells[0].metadata["tags"] = ["parameters"]
     nbformat.write(nb, path)

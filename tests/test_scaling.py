@@ -19,7 +19,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, gpt, machine, scaling
+from helpers import bench, errors, gpt, machine
+from helpers.chapters import scaling
 
 # torch.distributed.optim (ZeroRedundancyOptimizer, resolved by the Apex map) uses torch.jit
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -176,11 +177,11 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize(("body", "said"), [
     ("plan = {}\nplan['missing']\n", "its last error: KeyError: 'missing'"),
-    ("from helpers import machine\nmachine.stop('COURSE_GPU_MEMORY_GIB=x is not a number')\n",
+    ("from helpers import errors\nerrors.stop('COURSE_GPU_MEMORY_GIB=x is not a number')\n",
      "its last error: COURSE_GPU_MEMORY_GIB=x is not a number")])
 def test_a_rank_that_fails_before_its_process_group_names_its_error(tmp_path, body, said):
     """Lines written before init_process_group carry no [rankN] prefix: the sentence still
-    quotes the error (a KeyError), or the one sentence a rank stopped with (machine.stop)."""
+    quotes the error (a KeyError), or the one sentence a rank stopped with (errors.stop)."""
     (tmp_path / "early.py").write_text(body)
     launch = scaling.launch(tmp_path / "early.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
                             timeout=60)
@@ -192,13 +193,13 @@ def test_a_parameter_below_one_stops_the_notebook_in_one_sentence():
     """The parameters cell with max_gpus = 0, then the setup cell's checks: one sentence."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    checks = next(c.source for c in nb.cells if "machine.check_parameters(" in c.source)
-    space = {"machine": machine}
+    checks = next(c.source for c in nb.cells if "errors.check_parameters(" in c.source)
+    space = {"machine": machine, "errors": errors}
     exec(params.source.replace("max_gpus = 8", "max_gpus = 0"), space)
-    with pytest.raises(SystemExit, match="^max_gpus must be at least 1: fix it in the param"):
+    with pytest.raises(errors.CourseError, match="^max_gpus must be at least 1: fix it in the"):
         exec(checks.split("profile = resolve(profile)", 1)[0], space)
     exec(params.source.replace("noise_runs = 3", "noise_runs = 0"), space)
-    with pytest.raises(SystemExit, match="^noise_runs must be at least 1: fix it in the param"):
+    with pytest.raises(errors.CourseError, match="^noise_runs must be at least 1: fix it in the"):
         exec(checks.split("profile = resolve(profile)", 1)[0], space)
     exec(params.source, space)  # as shipped: the checks pass
     assert space["lr"] is None and space["noise_runs"] >= 1
@@ -281,7 +282,7 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
                   'group["lr"] = recipe.lr_at(i)', "recipe.clip)", "**recipe.hp)",
                   "torch.autocast(", "clip_grad_norm_(", "gpt.BatchPlan.draw(",
                   "dist.all_reduce(losses)", "if rank == 0:",
-                  "machine.cap_gpu_memory(local_rank)"):
+                  "run_profile.cap_gpu_memory(local_rank)"):
         assert piece in script, piece
     for copy in ("def lr_at", "def param_groups", "math.cos", "weight_decay=0.1", "betas="):
         assert copy not in script, f"the script has its own copy of the recipe: {copy}"

@@ -11,7 +11,8 @@ import math
 import pandas as pd
 import pytest
 
-from helpers import bench, results, scaling, verdicts
+from helpers import bench, results, verdicts
+from helpers.chapters import scaling
 
 
 def run(variant: str, losses: list[float], seed: int = 0, step_ms: list[float] | None = None

@@ -6,8 +6,9 @@ import re
 import pandas as pd
 import pytest
 
-from helpers import bench, ceilings, legacy_amp, verdicts
-from helpers import optimizers as chapter
+from helpers import bench, ceilings, verdicts
+from helpers.chapters import legacy_amp
+from helpers.chapters import optimizers as chapter
 
 RATIO = re.compile(r"\d+(\.\d+)?x")  # "1.52x", "9982.6x": a ratio presented as a finding
 
@@ -168,7 +169,7 @@ def norm_rows(dtype, times, spread=0.01, noisy=()):
 
 
 def test_norm_verdicts_count_no_win_where_a_timing_is_too_noisy():
-    from helpers import norms
+    from helpers.chapters import norms
 
     timing = pd.DataFrame(
         norm_rows("bf16", {"apex FusedLayerNorm": 1.0, "torch LayerNorm": 3.0},
@@ -188,7 +189,7 @@ def test_norm_verdicts_count_no_win_where_a_timing_is_too_noisy():
 
 
 def test_crossovers_mark_a_noisy_size():
-    from helpers import norms
+    from helpers.chapters import norms
 
     rows_ = []
     for hidden, noisy in ((64, ()), (128, ("torch LayerNorm",))):
@@ -206,7 +207,7 @@ def test_launch_bound_reads_the_gpu_time_spread(monkeypatch, samples, bound):
     # call_ms 2 ms against a GPU time of 1 ms: launch-bound only when the GPU time is tight
     import torch
 
-    from helpers import norms
+    from helpers.chapters import norms
 
     def gpu_time(fn, device, *, warmup, repeats, label):
         return bench.Timing(label, samples, "cpu"), 2.0

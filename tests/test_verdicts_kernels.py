@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, kernels, machine, verdicts
+from helpers import bench, errors, kernels, verdicts
 
 
 def test_compare_says_faster_and_slower_from_the_numbers():
@@ -70,8 +70,8 @@ def test_gpu_time_on_the_cpu_is_one_timing_used_twice():
 
 
 def test_oom_exit_turns_oom_into_one_sentence():
-    with pytest.raises(SystemExit, match="Out of GPU memory while testing"):
-        with machine.oom_exit("testing"):
+    with pytest.raises(errors.CourseError, match="Out of GPU memory while testing"):
+        with errors.oom_exit("testing"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from helpers import bench, ceilings, kernels, machine, verdicts
+from helpers import bench, ceilings, errors, kernels, verdicts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,7 +101,7 @@ def cannot_step(factory: Factory, device: torch.device | str) -> str | None:
     try:
         factory([p]).step()
     except (RuntimeError, TypeError, ValueError) as exc:
-        return machine.one_line(exc)
+        return errors.one_line(exc)
     return None
 
 
@@ -367,7 +367,7 @@ def probe(cls: type, device: torch.device | str) -> dict[str, str]:
         optimizer.zero_grad(set_to_none=True)
         facts["zero_grad(set_to_none=True)"] = f"works (grad is None: {p.grad is None})"
     except TypeError as exc:
-        facts["zero_grad(set_to_none=True)"] = machine.one_line(exc)
+        facts["zero_grad(set_to_none=True)"] = errors.one_line(exc)
     b = param(torch.bfloat16)
     optimizer = cls([b])
     optimizer.step()
@@ -378,9 +378,9 @@ def probe(cls: type, device: torch.device | str) -> dict[str, str]:
         facts["master_weights=True alone"] = "accepted"
     except TypeError as exc:
         facts["master_weights=True alone"] = ("no such argument" if "unexpected keyword"
-                                              in str(exc) else machine.one_line(exc))
+                                              in str(exc) else errors.one_line(exc))
     except RuntimeError as exc:
-        facts["master_weights=True alone"] = machine.one_line(exc)
+        facts["master_weights=True alone"] = errors.one_line(exc)
     return facts
 
 

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from helpers import bench, gpt, kernels, machine, verdicts
+from helpers import bench, errors, gpt, kernels, verdicts
 
 TORCHAO_PIN = "0.18.0"
 INSTALL = f"pip install torchao=={TORCHAO_PIN}"
@@ -100,7 +100,7 @@ def torchao_problem() -> str:
         module.convert_to_float8_training  # noqa: B018 - the attribute must exist
     except Exception as exc:
         return (f"torchao {version} does not work with torch {torch.__version__} "
-                f"({machine.one_line(exc, 120)}), so the float8 cells are skipped: {fix}.")
+                f"({errors.one_line(exc, 120)}), so the float8 cells are skipped: {fix}.")
     fields = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) \
         else set()
     lacks = [what for what, ok in (

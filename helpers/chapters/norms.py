@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from helpers import bench, ceilings, kernels, machine, verdicts
+from helpers import bench, ceilings, errors, kernels, verdicts
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from helpers.machine import Profile
+    from helpers.run_profile import Profile
 
 Factory = Callable[[int, "Config", "torch.device | str"], nn.Module]
 Factories = dict[str, dict[str, Factory]]  # norm -> candidate name -> factory
@@ -172,7 +172,7 @@ def build(plain: Factories, mixed: Factories, configs: list[Config], tokens: int
     out) built, given the shared affine parameters and run once forward and backward (that is
     when ``torch.compile`` compiles); the inputs per config; and ``compile_error``. If a
     compiled module fails, every compiled candidate is left out and ``compile_error`` says why
-    in one line (:func:`helpers.machine.compile_guard`, ending with ``fix``)."""
+    in one line (:func:`helpers.errors.compile_guard`, ending with ``fix``)."""
     inputs = {cfg.label: make_inputs(tokens, hidden, cfg, device) for cfg in configs}
     entries, compile_error = [], ""
     for cfg in configs:
@@ -184,13 +184,13 @@ def build(plain: Factories, mixed: Factories, configs: list[Config], tokens: int
                 if compiled and compile_error:
                     continue
                 load_affine(module, affine_params(norm, hidden))
-                guard = machine.compile_guard(fix) if compiled else contextlib.nullcontext()
+                guard = errors.compile_guard(fix) if compiled else contextlib.nullcontext()
                 start = time.perf_counter()
                 try:
                     with guard:
                         outputs(module, x, dy)
                         bench.sync(device)
-                except machine.CompileFailed as exc:
+                except errors.CompileFailed as exc:
                     compile_error = f"{exc} - compiled candidates left out"
                     continue
                 entries.append(Entry(norm, name, cfg, module, compiled,

@@ -31,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import bench, machine
+from helpers import bench, errors, run_profile
 from helpers.results import atomic_write_text
+from helpers.settings import LEGACY_DIR_VAR
 
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -273,8 +274,8 @@ def scale_traces(runs: list[bench.Run]):
 def fastest_step(times) -> str:
     """The fastest run of a table of :meth:`helpers.bench.Run.row` rows by the tie rule, or
     'none on this run: the timings are too noisy ...' where a step time's spread is too wide
-    to compare (:func:`helpers.optimizers.fastest_reading`)."""
-    from helpers import optimizers
+    to compare (:func:`helpers.chapters.optimizers.fastest_reading`)."""
+    from helpers.chapters import optimizers
 
     return optimizers.fastest_reading(times, key="run")
 
@@ -421,7 +422,6 @@ def op_output_dtypes(device: torch.device | str, low: torch.dtype,
 # Hidden: the legacy install is Python-only, and kernels built from another commit must not
 # run under its Python code.
 COMPILED_APEX_MODULES = ("amp_C", "apex_C", "syncbn")
-LEGACY_DIR_VAR = "COURSE_LEGACY_AMP_DIR"
 
 
 def _originals() -> dict[str, object]:
@@ -491,11 +491,11 @@ def check_eps(values) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in values)
     except (TypeError, ValueError):
-        raise machine.CourseError(f"o3_eps = {values!r} is not a number or a tuple of numbers: "
+        raise errors.CourseError(f"o3_eps = {values!r} is not a number or a tuple of numbers: "
                                   "write e.g. o3_eps = (1e-4, 1e-3).") from None
     bad = [v for v in values if not 0 < v < 1]
     if bad:
-        raise machine.CourseError(f"o3_eps must hold Adam eps values between 0 and 1, not "
+        raise errors.CourseError(f"o3_eps must hold Adam eps values between 0 and 1, not "
                                   f"{bad}: write e.g. o3_eps = (1e-4, 1e-3).")
     return values
 
@@ -532,10 +532,10 @@ class Child:
             parser.error(f"unknown opt level {', '.join(bad)}: use {', '.join(OPT_LEVELS)}")
         try:
             check_eps(plan.get("o3_eps", []))
-        except machine.CourseError as exc:
+        except errors.CourseError as exc:
             parser.error(str(exc))
         if torch.cuda.is_available():
-            machine.cap_gpu_memory()  # the notebook's COURSE_GPU_MEMORY_GIB holds in the child too
+            run_profile.cap_gpu_memory()  # the cap holds in the child too
         return cls(plan, args.out)
 
     @property
@@ -561,7 +561,7 @@ class Child:
                                         fused_kernels=bool(multi_tensor_applier.available))
             return amp
         except Exception as exc:
-            self.import_error = self.payload["import_error"] = machine.one_line(exc, 300)
+            self.import_error = self.payload["import_error"] = errors.one_line(exc, 300)
             return None
 
     def legacy_runs(self) -> Iterator[tuple[str, str, float]]:
@@ -602,7 +602,7 @@ class Child:
                 info["error"] = ("out of GPU memory at these sizes: give TrainConfig a smaller "
                                  "batch or hidden in section 3 (or free the GPU)")
             except Exception as exc:
-                info["error"] = machine.one_line(exc, 300)
+                info["error"] = errors.one_line(exc, 300)
             finally:
                 info["restored"] = reset_amp()
         run = info.pop("run", None)
@@ -625,7 +625,7 @@ class Child:
             try:
                 yield row
             except Exception as exc:
-                row["error"] = machine.one_line(exc, 300)
+                row["error"] = errors.one_line(exc, 300)
             finally:
                 reset_amp()
         self.payload["overflow"].append(row)

@@ -231,7 +231,7 @@ _ERROR_LINE = re.compile(r"^(?:\[rank(\d+)\]:\s*)?([A-Za-z_][\w.]*(?:Error|Excep
 
 def _last_said(stderr: str) -> list[str]:
     """The last line the ranks wrote before torchrun's own report, tracebacks' frames left out
-    (``machine.stop`` in a rank, for one, ends it with its sentence alone)."""
+    (``errors.stop`` in a rank, for one, ends it with its sentence alone)."""
     said = []
     for line in stderr.split(" failed (exitcode", 1)[0].splitlines()[:-1]:
         if line.strip() and not line.startswith((" ", "Traceback", "[W", "W1", "E1", "I1")):
