@@ -32,7 +32,7 @@ from helpers.results import atomic_write_text, slug
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = ("gpu_name", "driver", "torch", "cuda", "apex_commit", "course_commit", "date",
-                "profile", "notebook_seconds", "transformer_paths", "optimizer_step", "norms")
+                "profile", "notebook_seconds", "transformer_paths", "tables")
 PATH_KEYS = ("path", "label", "step_ms", "tokens_per_s", "mfu", "peak_mem_gib",
              "final_val_loss", "speedup_vs_fp32")
 README_START = "<!-- headline:start -->"
@@ -44,13 +44,21 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"^nvidia-", "", slug(name))
 
 
-def _records(results: Path, name: str, columns: tuple[str, ...]) -> list[dict]:
+def _records(results: Path, name: str, columns: tuple[str, ...] | None = None) -> list[dict]:
     path = results / f"{name}.csv"
     if not path.exists():
         return []
     df = pd.read_csv(path)
-    keep = [c for c in columns if c in df.columns]
+    keep = [c for c in columns if c in df.columns] if columns else list(df.columns)
     return json.loads(df[keep].to_json(orient="records"))
+
+
+def result_tables(results: Path) -> dict[str, list[dict]]:
+    """Every table a notebook saved (``NN_<name>.csv`` in ``results``: a notebook's tables carry
+    its number), as records by table name: a new chapter's tables come in with no list to edit."""
+    numbers = {p.name[:2] for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+    return {p.stem: _records(results, p.stem) for p in sorted(results.glob("[0-9][0-9]_*.csv"))
+            if p.name[:2] in numbers}
 
 
 def notebook_records(runs: list[runner.NotebookRun], env: dict) -> dict:
@@ -89,21 +97,9 @@ def build_summary(out: Path, runs: list[runner.NotebookRun], env: dict, profile:
         "notebook_seconds": {k: v["seconds"] for k, v in notebooks.items()},
         "notebook_ok": {k: v["ok"] for k, v in notebooks.items()},
         "notebooks": notebooks,
+        # the README's headline is notebook 05's table of paths (readme_table)
         "transformer_paths": _records(results, "05_paths", PATH_KEYS),
-        "optimizer_step": _records(results, "02_optimizer_step",
-                                   ("candidate", "median_ms", "pct_of_copy_ceiling")),
-        "norms": _records(results, "03_norm_timings",
-                          ("norm", "candidate", "dtype", "pass", "median_ms",
-                           "pct_of_copy_ceiling")),
-        "fp8_sweep": _records(results, "06_width_sweep",
-                              ("shape", "in_features", "out_features", "recipe", "median_ms",
-                               "tflops", "ratio_vs_bf16")),
-        "fp8_end_to_end": _records(results, "06_end_to_end",
-                                   ("recipe", "status", "step_ms", "tokens_per_s", "mfu",
-                                    "peak_mem_gib", "final_val_loss", "speedup_vs_bf16")),
-        "scaling_overhead": _records(results, "07_overhead",
-                                     ("variant", "world_size", "step_ms", "step_ms_iqr",
-                                      "tokens_per_s", "peak_mem_gib", "overhead_pct")),
+        "tables": result_tables(results),
     }
 
 
