@@ -56,7 +56,7 @@ def _records(results: Path, name: str, columns: tuple[str, ...] | None = None) -
 def result_tables(results: Path) -> dict[str, list[dict]]:
     """Every table a notebook saved (``NN_<name>.csv`` in ``results``: a notebook's tables carry
     its number), as records by table name: a new chapter's tables come in with no list to edit."""
-    numbers = {p.name[:2] for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+    numbers = {p.name[:2] for p in runner.course_notebooks()}
     return {p.stem: _records(results, p.stem) for p in sorted(results.glob("[0-9][0-9]_*.csv"))
             if p.name[:2] in numbers}
 
@@ -135,7 +135,7 @@ def validate_summary(summary: dict) -> list[str]:
         problems += [f"transformer_paths[{index}] lacks '{k}'" for k in PATH_KEYS if k not in row]
         problems += [f"transformer_paths[{index}]['{k}'] is not a number" for k in PATH_KEYS[3:]
                      if not isinstance(row.get(k), int | float | None)]
-    wanted = sorted(p.name for p in runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    wanted = [p.name for p in runner.course_notebooks()]
     if sorted(seconds) != wanted:
         lacking = sorted(set(wanted) - set(seconds)) or sorted(set(seconds) - set(wanted))
         problems.append("notebook_seconds must name each notebook of notebooks/ and no other "
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = environment.environment_report()
     out = args.out or ROOT / "reports" / gpu_slug(env.get("gpu_name") or "cpu")
-    every = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    every = runner.course_notebooks()
     notebooks = [p.resolve() for p in args.notebooks] or every
     previous = None
     if args.notebooks:

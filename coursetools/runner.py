@@ -49,6 +49,12 @@ from helpers.settings import HEADLESS_VAR, PROFILE_VAR, RESULTS_DIR_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
+CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"  # a chapter is notebooks/NN_<topic>.ipynb; NN orders them
+
+
+def course_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The course's notebooks in their order, found in ``folder``: no list to edit for a new one."""
+    return sorted(folder.glob(CHAPTER_GLOB))
 
 
 @dataclass
@@ -501,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="only check the profile and the output folder, then exit")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    paths = args.notebooks or course_notebooks()
     missing = [p for p in paths if not p.exists()]
     problem = (f"no such notebook: {', '.join(map(str, missing))}" if missing else
                profile_problem(args.profile) or out_problem(args.out)

@@ -10,3 +10,6 @@ MEMORY_VAR = "COURSE_GPU_MEMORY_GIB"
 COMMIT_VAR = "COURSE_COMMIT"  # the course's commit, for a copy without .git
 REPO_VAR, REF_VAR = "COURSE_REPO", "COURSE_REF"  # where a notebook opened alone installs from
 LEGACY_DIR_VAR = "COURSE_LEGACY_AMP_DIR"  # the legacy apex.amp install, for notebook 04's child
+# The tests' smoke run takes only these notebooks (numbers, e.g. "08" or "05,07"): a new
+# chapter's quick loop; unset, every notebook runs (tests/conftest.py)
+TEST_NOTEBOOKS_VAR = "COURSE_TEST_NOTEBOOKS"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -13,6 +14,8 @@ import nbformat
 import pytest
 import tomllib
 import yaml
+
+from coursetools.runner import CHAPTER_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -259,11 +262,32 @@ def test_readme_layout_lists_every_helper_module_and_no_other():
                 | {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists()})
 
     assert listed(core, 2) | {"chapters/"} == on_disk(ROOT / "helpers")
-    assert listed(chapters, 4) == on_disk(ROOT / "helpers" / "chapters")
     assert listed(tooling, 2) == on_disk(ROOT / "coursetools")
     assert len(listed(core, 2)) <= CORE_MODULES_AT_MOST, "the core grew: is it a chapter's?"
-    # each chapter module is named by its notebook ("notebook 05: ..."), one per notebook
-    numbers = re.findall(r"^    [a-z0-9_]+\.py +notebook (\d\d):", chapters, re.M)
-    assert len(numbers) == len(listed(chapters, 4)) == len(set(numbers)), "one per chapter"
-    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    # the README names chapter modules that exist, each by its notebook ("notebook 05: ...");
+    # a new chapter needs no line here: its module's docstring names its notebook
+    assert listed(chapters, 4) <= on_disk(ROOT / "helpers" / "chapters")
+    named = dict(re.findall(r"^    ([a-z0-9_]+\.py) +notebook (\d\d):", chapters, re.M))
+    assert set(named) == listed(chapters, 4), "each chapter line names its notebook"
+    assert named == {name: number for name, number in chapter_notebooks().items()
+                     if name in named}, "the README and the modules name the same notebooks"
+
+
+def chapter_notebooks() -> dict[str, str]:
+    """helpers/chapters/<name>.py -> the number of the notebook its docstring opens with."""
+    found = {}
+    for path in sorted((ROOT / "helpers" / "chapters").glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        match = re.match(r"Notebook (\d\d)\b", doc)
+        assert match, f"{path.name}: its docstring opens with 'Notebook NN' (its notebook)"
+        found[path.name] = match.group(1)
+    return found
+
+
+def test_each_chapter_module_belongs_to_one_notebook():
+    numbers = list(chapter_notebooks().values())
+    assert len(numbers) == len(set(numbers)), "one chapter module per notebook"
+    notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob(CHAPTER_GLOB)}
     assert set(numbers) <= notebooks, "a chapter module without its notebook"

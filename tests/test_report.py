@@ -11,7 +11,7 @@ import pytest
 from coursetools import report, runner
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK_NAMES = [p.name for p in sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
+NOTEBOOK_NAMES = [p.name for p in runner.course_notebooks()]
 
 
 def _fake_run(tmp_path: Path) -> Path:

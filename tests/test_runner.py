@@ -168,7 +168,7 @@ def test_param_types_follow_check_parameters_rule(tmp_path):
 def test_the_course_notebooks_declare_a_type_for_every_parameter():
     """The static reading finds each notebook's check_parameters types, for every name of its
     parameters cell, so a wrong --param never gets as far as a notebook."""
-    paths = sorted(runner.NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    paths = runner.course_notebooks()
     for path in paths:
         nb = nbformat.read(path, as_version=4)
         assert runner.parameter_names(nb) <= set(runner.parameter_types(nb)), path.name
