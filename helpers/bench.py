@@ -8,6 +8,10 @@
 - :func:`train` and :class:`Run`: a loop whose steps cannot be repeated (training changes the
   model), one CUDA-event pair per step, and the one record of a run (losses, step times, the
   learned-drop rule); :func:`peak_memory` is the course's one definition of peak memory.
+
+Longer than 400 lines because it is the course's one timing method: the benchmark, the GPU-only
+time and the training loop share the same event, synchronisation and warm-up discipline, and
+split apart they would drift.
 """
 
 from __future__ import annotations

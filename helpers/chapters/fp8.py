@@ -12,6 +12,10 @@
   step times by the tie rule of :mod:`helpers.verdicts`, each float8 run's validation loss
   read against the noise floor of the bf16 baseline (:func:`loss_reading`), measured in
   the same run, beside the course's 2% target.
+
+Longer than 400 lines because notebook 06 measures four things (the formats, the cast error,
+the width sweep and the end-to-end run), each with its table and reading; they share the
+torchao checks and the recipes, and the notebook reads them in that order.
 """
 
 from __future__ import annotations
