@@ -2,7 +2,9 @@
 
 - Timings: "faster", "slower" or "cannot tell apart on this run", from medians and
   inter-quartile ranges (the tie rule); a timing whose spread is a large share of its median
-  (cold caches, a busy machine) is never turned into a ratio.
+  (cold caches, a busy machine) is never turned into a ratio. The readings of a timing table
+  (the fastest row, pairs of rows) take any table with a name column (``key``) and median_ms,
+  with q1_ms and q3_ms where it has them (else the medians alone are compared).
 - Losses: a difference between two training runs against the run-to-run noise of the baseline
   (:class:`NoiseFloor`: the baseline trained again with the same seed), beside the course's
   2% target.
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # Below this relative difference two medians are called a tie, whatever their spreads.
@@ -69,13 +71,22 @@ def compare(a_name: str, a_ms: float, b_name: str, b_ms: float, *,
     return f"{a_name} ({a_ms:.3g} ms) is {ratio:.2f}x {word} than {b_name} ({b_ms:.3g} ms)"
 
 
+# ------------------------------------------------------------------ readings of a timing table
+TIE_WORD = "cannot tell apart"  # the verdict of two timings the tie rule cannot separate
+
+
+def row_iqr(row) -> tuple[float, float] | None:
+    """A timing row's (q1_ms, q3_ms), or None where its table has no such columns."""
+    q1, q3 = getattr(row, "q1_ms", None), getattr(row, "q3_ms", None)
+    return None if q1 is None or q3 is None else (float(q1), float(q3))
+
+
 def compare_rows(df, a: str, b: str, *, key: str = "candidate") -> str:
-    """:func:`compare` for two rows of a timing table (columns median_ms, q1_ms, q3_ms)."""
+    """:func:`compare` for two rows of a timing table."""
     ra = df.loc[df[key] == a].iloc[0]
     rb = df.loc[df[key] == b].iloc[0]
-    return compare(a, float(ra.median_ms), b, float(rb.median_ms),
-                   a_iqr=(float(ra.q1_ms), float(ra.q3_ms)),
-                   b_iqr=(float(rb.q1_ms), float(rb.q3_ms)))
+    return compare(a, float(ra.median_ms), b, float(rb.median_ms), a_iqr=row_iqr(ra),
+                   b_iqr=row_iqr(rb))
 
 
 def fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
@@ -87,31 +98,82 @@ def fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> st
 
 
 def tied_with_fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> list[str]:
-    """The rows that cannot be told apart from the fastest (:func:`is_tie`), fastest first.
-
-    IQRs are used when the table has ``q1_ms``/``q3_ms`` columns, else medians alone.
-    """
+    """The rows that cannot be told apart from the fastest (:func:`is_tie`), fastest first."""
     rows = df if among is None else df[df[key].isin(among)]
     if rows.empty:
         raise ValueError("no rows to choose from")
     rows = rows.sort_values("median_ms")
     best = rows.iloc[0]
-    has_iqr = {"q1_ms", "q3_ms"} <= set(rows.columns)
-
-    def iqr(r):
-        return (float(r.q1_ms), float(r.q3_ms)) if has_iqr else None
-
     return [str(r[key]) for _, r in rows.iterrows()
             if r[key] == best[key] or is_tie(float(best.median_ms), float(r.median_ms),
-                                            a_iqr=iqr(best), b_iqr=iqr(r))]
+                                            a_iqr=row_iqr(best), b_iqr=row_iqr(r))]
 
 
-def fastest_text(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
-    """'X' when one row is clearly fastest, else 'X (cannot be told apart from Y, Z)'."""
-    names = tied_with_fastest(df, key=key, among=among)
+def noisy_rows(df, *, key: str = "candidate") -> dict[str, float]:
+    """Name -> IQR over median for each row whose spread is too wide to compare
+    (:func:`too_noisy`: more than ``SPREAD_LIMIT`` of its median); none without IQRs."""
+    noisy = {}
+    for _, r in df.iterrows():
+        iqr = row_iqr(r)
+        if iqr is not None and too_noisy(float(r.median_ms), iqr):
+            noisy[str(r[key])] = (iqr[1] - iqr[0]) / float(r.median_ms)
+    return noisy
+
+
+def noise_note(noisy: dict[str, float]) -> str:
+    """Why timings with these spreads (name -> IQR over median, :func:`noisy_rows`) are not
+    compared."""
+    def share(x: float) -> str:  # one decimal near the limit, so 25.4% does not read as 25%
+        return f"{x:.1%}" if x < 2 * SPREAD_LIMIT else f"{x:.0%}"
+
+    names = ", ".join(f"{name} {share(x)}" for name, x in noisy.items())
+    return (f"the timings are too noisy to compare (IQR more than {SPREAD_LIMIT:.0%} of the "
+            f"median: {names}), cold caches on a first run or a busy machine - re-run to compare")
+
+
+def fastest_reading(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
+    """The fastest row by the tie rule (optionally among some names only): 'X', 'X (cannot be
+    told apart from Y, Z on this run)', or, when any of those rows' spread is too wide to
+    compare, 'none on this run: the timings are too noisy to compare ...' (:func:`noise_note`)."""
+    rows = df if among is None else df[df[key].isin(among)]
+    noisy = noisy_rows(rows, key=key)
+    if noisy:
+        return f"none on this run: {noise_note(noisy)}"
+    names = tied_with_fastest(rows, key=key)
     if len(names) == 1:
         return names[0]
-    return f"{names[0]} (cannot be told apart from {', '.join(names[1:])})"
+    return f"{names[0]} (cannot be told apart from {', '.join(names[1:])} on this run)"
+
+
+def comparison_table(df, pairs: Iterable[tuple[str, str]], *, key: str = "candidate"):
+    """One row per measured pair (a, b): both medians, b's time over a's (``speedup``, the raw
+    ratio of the medians) and the verdict of a against b by the tie rule (:func:`tie_reason`):
+    "faster" or "slower", or "cannot tell apart" with the reason in ``why`` (a spread too wide
+    for its median, medians within ``TIE_FRACTION``, IQRs overlapping). Pairs with a name not in
+    the table are left out. A ratio of two timings that cannot be told apart is not a finding."""
+    import pandas as pd
+
+    columns = [key, "vs", f"{key}_ms", "vs_ms", "speedup", "verdict", "why"]
+    rows = []
+    names = set(df[key])
+    by = df.set_index(key)
+    for a, b in pairs:
+        if a not in names or b not in names:
+            continue
+        ra, rb = by.loc[a], by.loc[b]
+        a_ms, b_ms = float(ra.median_ms), float(rb.median_ms)
+        why = tie_reason(a_ms, b_ms, a_iqr=row_iqr(ra), b_iqr=row_iqr(rb))
+        word = TIE_WORD if why else "faster" if a_ms < b_ms else "slower"
+        rows.append(dict(zip(columns, [a, b, a_ms, b_ms, b_ms / a_ms, word, why], strict=True)))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def pair_sentence(row) -> str:
+    """One row of :func:`comparison_table` as a reading: 'faster (speed-up 1.52x)' or
+    'cannot tell apart on this run (why)', never a ratio of two timings it cannot separate."""
+    if row.verdict == TIE_WORD:
+        return f"{TIE_WORD} on this run ({row.why})"
+    return f"{row.verdict} (speed-up {row.speedup:.2f}x)"
 
 
 def verdict_table(df, by: list[str], *, key: str = "candidate", value: str = "median_ms",

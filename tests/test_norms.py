@@ -259,3 +259,48 @@ def test_rounding_table_compares_apex_with_torch_per_dtype():
                      "torch_y_err": 2e-3, "apex_over_torch": pytest.approx(3.0)}]
     torch_only = table[table["candidate"].str.startswith("torch")]
     assert norms.rounding_table(torch_only).empty
+
+
+def _gbps_rows(hiddens=(64,)):
+    """Timing rows with a gbps column: both norms and passes, two dtypes, torch and apex."""
+    rows = []
+    for norm in norms.NORMS:
+        for pass_ in norms.PASSES:
+            for hidden in hiddens:
+                for dtype, k in (("fp32", 1.0), ("fp32->bf16", 2.0)):
+                    for name, gbps in ((f"torch {norm} + cast" if "->" in dtype
+                                        else f"torch {norm}", 10.0 * k),
+                                       (f"apex Fused{norm}", 20.0 * k + hidden)):
+                        rows.append({"norm": norm, "pass": pass_, "hidden": hidden,
+                                     "dtype": dtype, "candidate": name, "gbps": gbps})
+    return pd.DataFrame(rows)
+
+
+def test_bars_and_sweep_chart_draw_gbps_per_family_against_the_copy_ceiling():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = norms.bars(_gbps_rows(), "forward", copy_gbps=100.0)
+    for ax, norm in zip(fig.axes, norms.NORMS, strict=True):
+        assert ax.get_title() == f"{norm}, forward"
+        torch_bars, apex_bars = ax.containers
+        assert [b.get_height() for b in torch_bars] == [10.0, 20.0]  # the cast counts as torch
+        assert [b.get_height() for b in apex_bars] == [84.0, 104.0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["fp32", "fp32->bf16"]
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert set(labels) == {"torch", "apex Fused", "copy ceiling"}
+        ceiling = [line for line in ax.get_lines() if line.get_label() == "copy ceiling"]
+        assert list(ceiling[0].get_ydata()) == [100.0, 100.0]
+    plt.close(fig)
+    sweep = _gbps_rows(hiddens=(64, 512, 4096))
+    fig = norms.sweep_chart(sweep[sweep["dtype"] == "fp32"], copy_gbps=100.0)
+    assert len(fig.axes) == len(norms.NORMS) * len(norms.PASSES)
+    assert [t.get_text() for t in fig.axes[-1].get_xticklabels()] == ["64", "512", "4,096"]
+    for ax in fig.axes:
+        assert list(ax.get_xticks()) == [64, 512, 4096]  # the sizes measured, not powers of 2
+        lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+        assert lines["copy ceiling"] == [100.0, 100.0]
+        assert [v for k, v in lines.items() if k.startswith("apex")] == [[84.0, 532.0, 4116.0]]
+    plt.close(fig)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench
+from helpers import bench, verdicts
 from helpers.chapters import optimizers as chapter
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
@@ -196,21 +196,21 @@ def test_comparison_flips_when_the_numbers_flip():
                                    _timing("apex FusedAdam", apex_ms)], 1000, 1.0)
 
     pairs = [("apex FusedAdam", "fused")]
-    row = chapter.comparison_table(table(1, 2), pairs).iloc[0]
+    row = verdicts.comparison_table(table(1, 2), pairs).iloc[0]
     assert (row.verdict, row.speedup) == ("faster", pytest.approx(2.0))
-    row = chapter.comparison_table(table(2, 1), pairs).iloc[0]
+    row = verdicts.comparison_table(table(2, 1), pairs).iloc[0]
     assert (row.verdict, row.speedup) == ("slower", pytest.approx(0.5))
 
 
 def test_comparison_names_a_tie_and_skips_pairs_not_measured():
     table = chapter.step_table([_timing("foreach", 5.0), _timing("fused", 2.0),
                                 _timing("compiled", 2.02)], 1000, 1.0)
-    got = chapter.comparison_table(table, [("compiled", "fused"), ("apex FusedAdam", "fused"),
-                                           ("fused", "foreach")])
+    got = verdicts.comparison_table(table, [("compiled", "fused"), ("apex FusedAdam", "fused"),
+                                            ("fused", "foreach")])
     assert list(zip(got["candidate"], got["vs"], got["verdict"], strict=True)) == [
         ("compiled", "fused", "cannot tell apart"), ("fused", "foreach", "faster")]
     assert list(got["why"]) == ["within 3%", ""]
-    empty = chapter.comparison_table(table, [("apex FusedAdam", "fused")])
+    empty = verdicts.comparison_table(table, [("apex FusedAdam", "fused")])
     assert empty.empty and "verdict" in empty.columns
 
 

@@ -117,7 +117,7 @@ def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
     correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
     tables = {"step": table, "sweep_reading": chapter.sweep_reading(pd.DataFrame(sweep_rows)),
               "correctness": correct,
-              "verdicts": chapter.comparison_table(table, [("fused", "foreach")])}
+              "verdicts": verdicts.comparison_table(table, [("fused", "foreach")])}
     return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
             "env": {"gpu_name": ""}, "profile": types.SimpleNamespace(name="smoke"),
             "numel": 1_000_000, "params": [0] * 48, "step_bytes": 28e6, "floor_ms": 0.01,

@@ -29,53 +29,53 @@ def step_table(**timings):
 # ------------------------------------------------------------------ 02: pairs
 def test_overlapping_iqrs_are_never_a_speedup():
     table = rows(fused=(1.0, 0.9, 1.15), foreach=(1.2, 1.1, 1.3))  # overlap, spreads < 25%
-    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    row = verdicts.comparison_table(table, [("fused", "foreach")]).iloc[0]
     assert (row.verdict, row.why) == ("cannot tell apart", "IQRs overlap")
-    sentence = chapter.pair_sentence(row)
+    sentence = verdicts.pair_sentence(row)
     assert sentence.startswith("cannot tell apart on this run") and not RATIO.search(sentence)
 
 
 def test_a_spread_over_a_quarter_of_its_median_cannot_be_told_apart():
     # the first run: 384 ms against 11.8 ms, IQRs about the size of the medians
     table = rows(fused=(384.0, 100.0, 500.0), foreach=(11.8, 11.0, 12.5))
-    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    row = verdicts.comparison_table(table, [("fused", "foreach")]).iloc[0]
     assert row.verdict == "cannot tell apart"
     assert "cold caches or a busy machine - re-run" in row.why
-    assert not RATIO.search(chapter.pair_sentence(row))
+    assert not RATIO.search(verdicts.pair_sentence(row))
 
 
 def test_clearly_separated_timings_still_give_a_verdict():
     table = rows(fused=(1.0, 0.95, 1.05), foreach=(2.0, 1.9, 2.1))
-    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    row = verdicts.comparison_table(table, [("fused", "foreach")]).iloc[0]
     assert (row.verdict, row.why) == ("faster", "")
-    assert chapter.pair_sentence(row) == "faster (speed-up 2.00x)"
+    assert verdicts.pair_sentence(row) == "faster (speed-up 2.00x)"
 
 
 def test_step_table_with_noisy_samples_reads_as_a_tie():
     table = step_table(fused=[1.0, 1.0, 5.0, 9.0, 9.0], foreach=[3.0, 3.0, 3.0, 3.01, 3.02])
     assert verdicts.too_noisy(*table.set_index("candidate").loc["fused", ["median_ms"]],
                               tuple(table.set_index("candidate").loc["fused", ["q1_ms", "q3_ms"]]))
-    row = chapter.comparison_table(table, [("fused", "foreach")]).iloc[0]
+    row = verdicts.comparison_table(table, [("fused", "foreach")]).iloc[0]
     assert row.verdict == "cannot tell apart"
 
 
 # ------------------------------------------------------------------ 02: fastest, sweep
 def test_fastest_reading_refuses_a_winner_when_a_spread_is_too_wide():
     noisy = rows(a=(1.0, 0.5, 2.0), b=(3.0, 2.9, 3.1))
-    text = chapter.fastest_reading(noisy)
+    text = verdicts.fastest_reading(noisy)
     assert text.startswith("none on this run") and "too noisy" in text and "re-run" in text
     assert "a 150%" in text and "b " not in text.split("median:")[1]
-    assert chapter.noisy_rows(noisy) == {"a": pytest.approx(1.5)}
+    assert verdicts.noisy_rows(noisy) == {"a": pytest.approx(1.5)}
 
 
 def test_fastest_reading_names_the_clear_winner_and_the_ties():
-    assert chapter.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(3.0, 2.9, 3.1))) == "a"
-    tied = chapter.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(1.01, 0.99, 1.03)))
+    assert verdicts.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(3.0, 2.9, 3.1))) == "a"
+    tied = verdicts.fastest_reading(rows(a=(1.0, 0.95, 1.05), b=(1.01, 0.99, 1.03)))
     assert tied == "a (cannot be told apart from b on this run)"
 
 
 def test_noise_note_does_not_round_a_spread_over_the_limit_down_to_it():
-    assert "25.4%" in chapter.noise_note({"x": 0.254})
+    assert "25.4%" in verdicts.noise_note({"x": 0.254})
 
 
 def sweep(lo, hi):

@@ -75,17 +75,32 @@ def test_oom_exit_turns_oom_into_one_sentence():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def test_fastest_text_names_the_rows_tied_with_the_winner():
-    import pandas as pd
-
+def test_fastest_reading_names_the_rows_tied_with_the_winner():
     df = pd.DataFrame([
         {"candidate": "a", "median_ms": 1.00, "q1_ms": 0.99, "q3_ms": 1.01},
-        {"candidate": "b", "median_ms": 1.02, "q1_ms": 1.00, "q3_ms": 1.30},  # within 3%
-        {"candidate": "c", "median_ms": 1.20, "q1_ms": 1.005, "q3_ms": 1.4},  # IQRs overlap
+        {"candidate": "b", "median_ms": 1.02, "q1_ms": 1.00, "q3_ms": 1.25},  # within 3%
+        {"candidate": "c", "median_ms": 1.20, "q1_ms": 1.005, "q3_ms": 1.3},  # IQRs overlap
         {"candidate": "d", "median_ms": 2.00, "q1_ms": 1.90, "q3_ms": 2.10},
+        {"candidate": "e", "median_ms": 3.00, "q1_ms": 2.00, "q3_ms": 4.00},  # too noisy
     ])
-    assert verdicts.tied_with_fastest(df) == ["a", "b", "c"]
-    assert verdicts.fastest_text(df) == "a (cannot be told apart from b, c)"
-    assert verdicts.fastest_text(df, among=["a", "d"]) == "a"
-    assert verdicts.fastest_text(df.drop(columns=["q1_ms", "q3_ms"])) == \
-        "a (cannot be told apart from b)"
+    clear = df[df["candidate"] != "e"]
+    assert verdicts.tied_with_fastest(clear) == ["a", "b", "c"]
+    assert verdicts.fastest_reading(clear) == "a (cannot be told apart from b, c on this run)"
+    assert verdicts.fastest_reading(df, among=["a", "d"]) == "a"
+    assert verdicts.fastest_reading(df, among=["d", "e"]).startswith("none on this run")
+    assert verdicts.fastest_reading(df.drop(columns=["q1_ms", "q3_ms"])) == \
+        "a (cannot be told apart from b on this run)"  # medians alone: never too noisy
+
+
+def test_comparison_table_reads_any_name_column_with_or_without_iqrs():
+    df = pd.DataFrame({"run": ["x", "y"], "median_ms": [1.0, 1.2], "q1_ms": [0.95, 1.1],
+                       "q3_ms": [1.15, 1.3]})
+    got = verdicts.comparison_table(df, [("x", "y"), ("x", "absent")], key="run")
+    assert list(got.columns) == ["run", "vs", "run_ms", "vs_ms", "speedup", "verdict", "why"]
+    assert (got.iloc[0].verdict, got.iloc[0].why) == (verdicts.TIE_WORD, "IQRs overlap")
+    medians = verdicts.comparison_table(df.drop(columns=["q1_ms", "q3_ms"]), [("x", "y")],
+                                        key="run").iloc[0]
+    assert (medians.verdict, medians.speedup) == ("faster", pytest.approx(1.2))
+    assert verdicts.pair_sentence(medians) == "faster (speed-up 1.20x)"
+    assert verdicts.row_iqr(df.iloc[0]) == (0.95, 1.15)
+    assert verdicts.row_iqr(df.drop(columns=["q3_ms"]).iloc[0]) is None

@@ -274,10 +274,10 @@ def scale_traces(runs: list[bench.Run]):
 def fastest_step(times) -> str:
     """The fastest run of a table of :meth:`helpers.bench.Run.row` rows by the tie rule, or
     'none on this run: the timings are too noisy ...' where a step time's spread is too wide
-    to compare (:func:`helpers.chapters.optimizers.fastest_reading`)."""
-    from helpers.chapters import optimizers
+    to compare (:func:`helpers.verdicts.fastest_reading`)."""
+    from helpers import verdicts
 
-    return optimizers.fastest_reading(times, key="run")
+    return verdicts.fastest_reading(times, key="run")
 
 
 def speed_readings(times, base: str, pairs: list[tuple[str, str]], where: str) -> list[str]:

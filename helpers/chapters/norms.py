@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from helpers import bench, ceilings, errors, kernels, verdicts
+from helpers import bench, ceilings, charts, errors, kernels, verdicts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -298,9 +298,8 @@ VERDICT_KEYS = ["norm", "dtype", "pass"]
 
 def noisy_families(group: pd.DataFrame) -> str:
     """The families (:func:`family`) of the rows whose GPU time is too noisy to compare
-    (:func:`helpers.verdicts.too_noisy`: an IQR over ``SPREAD_LIMIT`` of the median)."""
-    return ", ".join(family(r.candidate) for r in group.itertuples()
-                     if verdicts.too_noisy(float(r.median_ms), (float(r.q1_ms), float(r.q3_ms))))
+    (:func:`helpers.verdicts.noisy_rows`: an IQR over ``SPREAD_LIMIT`` of the median)."""
+    return ", ".join(map(family, verdicts.noisy_rows(group)))
 
 
 def verdict_table(timing: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
@@ -358,49 +357,42 @@ def summary_lines(verdict: pd.DataFrame) -> list[str]:
     return lines
 
 
+BANDWIDTH = "achieved bandwidth (GB/s)"
+
+
 def bars(df, pass_: str, copy_gbps: float):
-    """Grouped bars: GB/s per dtype and candidate family (:func:`family`), one panel per norm,
-    the copy ceiling dashed."""
+    """Grouped bars (:func:`helpers.charts.bar_chart`): GB/s per dtype and candidate family
+    (:func:`family`), one panel per norm, the copy ceiling dashed."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, norm in zip(axes, NORMS, strict=True):
         sub = df[(df["norm"] == norm) & (df["pass"] == pass_)]
-        sub = sub.assign(family=sub["candidate"].map(family))
-        wide = sub.pivot(index="dtype", columns="family", values="gbps")
-        wide = wide.reindex(list(dict.fromkeys(sub["dtype"])))
-        wide = wide[list(dict.fromkeys(sub["family"]))]
-        wide.plot.bar(ax=ax, rot=0, width=0.8)
-        ax.axhline(copy_gbps, ls="--", color="gray", lw=1, label="copy ceiling")
-        ax.set_title(f"{norm}, {pass_}")
-        ax.set_xlabel("dtype (input->output where they differ: torch is then norm + cast, "
-                      "apex MixedFused)", fontsize=8)
-        ax.set_ylabel("achieved bandwidth (GB/s)")
-        ax.legend(fontsize=7)
+        charts.bar_chart(sub.assign(family=sub["candidate"].map(family)), "dtype", "gbps",
+                         hue="family", ylabel=BANDWIDTH if ax is axes[0] else "",
+                         title=f"{norm}, {pass_}",
+                         xlabel="dtype (input->output where they differ: torch is then norm + "
+                                "cast, apex MixedFused)", annotate=False, rotation=0, ax=ax,
+                         layout=False)
+        ax.xaxis.label.set_fontsize(8)
+        charts.reference_line(ax, copy_gbps, "copy ceiling")
     fig.tight_layout()
     return fig
 
 
 def sweep_chart(df, copy_gbps: float):
-    """GB/s against hidden size, one line per candidate, one panel per norm and pass (plain
-    ``ax.plot`` with one layout pass: ``results.line_chart`` lays the figure out per panel)."""
+    """GB/s against hidden size (:func:`helpers.charts.line_chart`), one line per candidate,
+    one panel per norm and pass, the copy ceiling dashed."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
     for row, pass_ in zip(axes, PASSES, strict=True):
         for ax, norm in zip(row, NORMS, strict=True):
             sub = df[(df["norm"] == norm) & (df["pass"] == pass_)]
-            for name, line in sub.groupby("candidate", sort=False):
-                ax.plot(line["hidden"], line["gbps"], marker="o", label=name)
-            ax.axhline(copy_gbps, ls="--", color="gray", lw=1, label="copy ceiling")
-            ax.set_xscale("log")
-            sizes = sorted(set(sub["hidden"]))
-            ax.set_xticks(sizes, [str(h) for h in sizes])
-            ax.minorticks_off()
-            ax.tick_params(axis="x", labelrotation=45, labelsize=8)
-            ax.set(title=f"{norm}, {pass_}", xlabel="hidden size",
-                   ylabel="achieved bandwidth (GB/s)")
-            ax.legend(fontsize=7)
+            charts.line_chart(sub, "hidden", "gbps", hue="candidate", logx=True,
+                              ticks_at_data=True, xlabel="hidden size", ylabel=BANDWIDTH,
+                              title=f"{norm}, {pass_}", ax=ax, layout=False)
+            charts.reference_line(ax, copy_gbps, "copy ceiling")
     fig.tight_layout()
     return fig
 

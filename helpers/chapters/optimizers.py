@@ -8,7 +8,7 @@ assigned, never computed: the timed region is ``optimizer.step()`` alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -203,78 +203,6 @@ def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float,
     return df[cols + [c for c in df.columns if c not in cols]]
 
 
-TIE_WORD = "cannot tell apart"  # the verdict of two timings the tie rule cannot separate
-
-
-def comparison_table(df, pairs: Iterable[tuple[str, str]]) -> pd.DataFrame:
-    """One row per measured pair (a, b): both medians, b's time over a's (``speedup``, the raw
-    ratio of the medians) and the verdict of a against b with the course's tie rule
-    (:func:`helpers.verdicts.tie_reason`): "faster" or "slower", or "cannot tell apart" with
-    the reason in ``why`` (a spread too wide for its median, medians within 3%, IQRs
-    overlapping). A ratio of two timings that cannot be told apart is not a finding."""
-    import pandas as pd
-
-    rows = []
-    names = set(df["candidate"])
-    by = df.set_index("candidate")
-    for a, b in pairs:
-        if a not in names or b not in names:
-            continue
-        ra, rb = by.loc[a], by.loc[b]
-        why = verdicts.tie_reason(float(ra.median_ms), float(rb.median_ms),
-                                  a_iqr=(float(ra.q1_ms), float(ra.q3_ms)),
-                                  b_iqr=(float(rb.q1_ms), float(rb.q3_ms)))
-        word = (TIE_WORD if why else "faster" if ra.median_ms < rb.median_ms else "slower")
-        rows.append({"candidate": a, "vs": b, "candidate_ms": float(ra.median_ms),
-                     "vs_ms": float(rb.median_ms),
-                     "speedup": float(rb.median_ms) / float(ra.median_ms), "verdict": word,
-                     "why": why})
-    return pd.DataFrame(rows, columns=["candidate", "vs", "candidate_ms", "vs_ms", "speedup",
-                                       "verdict", "why"])
-
-
-def pair_sentence(row) -> str:
-    """One row of :func:`comparison_table` as a reading: 'faster (speed-up 1.52x)' or
-    'cannot tell apart on this run (why)', never a ratio of two timings it cannot separate."""
-    if row.verdict == TIE_WORD:
-        return f"{TIE_WORD} on this run ({row.why})"
-    return f"{row.verdict} (speed-up {row.speedup:.2f}x)"
-
-
-# ------------------------------------------------------------------ readings of a timing table
-# Generic: any table with a name column (``key``) and median_ms, q1_ms, q3_ms.
-def noisy_rows(df, *, key: str = "candidate") -> dict[str, float]:
-    """Name -> IQR over median for each row whose spread is too wide to compare
-    (:func:`helpers.verdicts.too_noisy`: more than ``SPREAD_LIMIT`` of its median)."""
-    return {str(r[key]): (float(r.q3_ms) - float(r.q1_ms)) / float(r.median_ms)
-            for _, r in df.iterrows()
-            if verdicts.too_noisy(float(r.median_ms), (float(r.q1_ms), float(r.q3_ms)))}
-
-
-def noise_note(noisy: dict[str, float]) -> str:
-    """Why timings with these spreads (name -> IQR over median) are not compared."""
-    def share(x: float) -> str:  # one decimal near the limit, so 25.4% does not read as 25%
-        return f"{x:.1%}" if x < 2 * verdicts.SPREAD_LIMIT else f"{x:.0%}"
-
-    names = ", ".join(f"{name} {share(x)}" for name, x in noisy.items())
-    return (f"the timings are too noisy to compare (IQR more than "
-            f"{verdicts.SPREAD_LIMIT:.0%} of the median: {names}), cold caches on a first run "
-            "or a busy machine - re-run to compare")
-
-
-def fastest_reading(df, *, key: str = "candidate") -> str:
-    """The fastest row by the tie rule: 'X', 'X (cannot be told apart from Y, Z)', or, when
-    any timing's spread is too wide to compare, 'none on this run: the timings are too noisy
-    to compare ...' (:func:`noise_note`)."""
-    noisy = noisy_rows(df, key=key)
-    if noisy:
-        return f"none on this run: {noise_note(noisy)}"
-    names = verdicts.tied_with_fastest(df, key=key)
-    if len(names) == 1:
-        return names[0]
-    return f"{names[0]} (cannot be told apart from {', '.join(names[1:])} on this run)"
-
-
 # ------------------------------------------------------------------ kernels and the sweep
 def kernel_table(optimizers: dict[str, Factory], work: Workload) -> pd.DataFrame:
     """Per candidate: kernels (CUDA) or top-level ops (CPU) launched by one step."""
@@ -314,20 +242,16 @@ def sweep_reading(df) -> pd.DataFrame:
     import pandas as pd
 
     lo, hi = int(df["tensors"].min()), int(df["tensors"].max())
-    has_iqr = {"q1_ms", "q3_ms"} <= set(df.columns)  # else the medians alone (the 3% rule)
-
-    def iqr(r):
-        return (float(r.q1_ms), float(r.q3_ms)) if has_iqr else None
-
     rows = []
     for name, group in df.groupby("candidate", sort=False):
         a = group.loc[group["tensors"] == lo].iloc[0]
         b = group.loc[group["tensors"] == hi].iloc[0]
         a_ms, b_ms = float(a.median_ms), float(b.median_ms)
-        why = verdicts.tie_reason(a_ms, b_ms, a_iqr=iqr(a), b_iqr=iqr(b))
+        why = verdicts.tie_reason(a_ms, b_ms, a_iqr=verdicts.row_iqr(a),
+                                  b_iqr=verdicts.row_iqr(b))
         rows.append({"candidate": name, f"ms_at_{lo}_tensors": a_ms, f"ms_at_{hi}_tensors": b_ms,
                      "slowdown": b_ms / a_ms,
-                     "reading": f"{TIE_WORD} on this run" if why
+                     "reading": f"{verdicts.TIE_WORD} on this run" if why
                      else f"{b_ms / a_ms:.1f}x the time", "why": why})
     return pd.DataFrame(rows)
 
