@@ -291,3 +291,28 @@ def test_each_chapter_module_belongs_to_one_notebook():
     assert len(numbers) == len(set(numbers)), "one chapter module per notebook"
     notebooks = {p.name[:2] for p in (ROOT / "notebooks").glob(CHAPTER_GLOB)}
     assert set(numbers) <= notebooks, "a chapter module without its notebook"
+
+
+
+def _helpers_imports(path: Path) -> set[str]:
+    """The helpers modules ``path`` imports (``helpers.x`` / ``helpers.chapters.y``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers"):
+            found |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("helpers")}
+    return {name for name in found if name.count(".") >= 1}
+
+
+def test_the_core_never_imports_a_chapter_and_no_chapter_another():
+    chapters = {p.stem for p in (ROOT / "helpers" / "chapters").glob("*.py")} - {"__init__"}
+    wrong = []
+    for path in sorted((ROOT / "helpers").rglob("*.py")):
+        mine = path.stem if path.parent.name == "chapters" else None
+        for name in _helpers_imports(path):
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[1] == "chapters" and parts[2] in chapters \
+                    and parts[2] != mine:
+                wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not wrong, "; ".join(wrong)
