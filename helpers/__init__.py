@@ -11,7 +11,8 @@ them. The core, by job (``from helpers import bench, machine``):
 - ``run_profile``: the run profile (smoke / full), progress bars and the GPU memory cap;
 - ``errors``: the one error style (a one-sentence ``CourseError``); ``settings``: the COURSE_*
   environment variables;
-- ``results``: atomic CSV / JSON / PNG writes into the results folder, and the standard charts;
+- ``results``: atomic CSV / JSON / PNG writes into the results folder; ``charts``: the standard
+  charts (units, IQR error bars, differences to a baseline);
 - ``verdicts``: timings against their spreads (the tie rule), losses against the noise floor;
 - ``kernels``: kernel counts and the per-category time breakdown of a step;
 - ``apexcheck``: which Apex kernels really work (notebook 01 and build_apex.sh);
