@@ -1,16 +1,26 @@
-"""Notebook 05's model, data and tables: what the chapter uses but does not teach.
+"""The GPT notebooks 05, 06 and 07 train, its data and its recipe: what they share and do not
+teach (notebook 05's own readings are ``helpers.chapters.end_to_end``'s).
 
 - the model: a small GPT-style decoder whose norm and attention are injected (token + position
   embeddings, pre-norm blocks of causal self-attention and a 4x GELU MLP, a final norm, an
   output head tied to the token embedding), GPT-2's initialisation, and its size arithmetic
-  (parameter count, FLOPs per token for MFU). The notebook shows the source before using it.
+  (parameter count, FLOPs per token for MFU). Notebook 05 shows the source before using it.
+- the training recipe (:class:`Recipe`, chosen by ``coursetools/recipe_sweep.py``) and the full
+  profile's batch for a GPU's memory (:func:`full_batch`).
 - the data: a byte-level corpus that needs no download - the Python standard library's own
   ``.py`` sources, split by file (every 20th to validation) - and a :class:`BatchPlan` that
   draws every batch's offsets up front from one seeded generator, so every path sees the same
   batches in the same order, with a step-weighted checksum that proves it.
-- the readings: :func:`attempt` (one path run with its failures as one line), the bytes autograd
-  saves (:func:`saved_bytes`), and the paths / breakdown tables, the stacked time chart, the
-  verdict, the targets, the MFU limits and the summary - all computed from the run's numbers.
+- running a path: :func:`attempt` (one path run with its failures as one line), and the tables
+  of runs the notebooks share: :func:`paths_table` (05, and 06 through its chapter),
+  :func:`start_table` and :func:`unhealthy_start` (05 and 06).
+
+Why this is over 500 lines, not the ~400 of a core module: everything left is used by at least
+two of notebooks 05-07 (directly or through their chapter modules and
+``coursetools/recipe_sweep.py``) or is a part of what is, and the model with its size
+arithmetic (about 170 lines), the corpus with its batch plan and checksums (125) and the recipe
+with the full batch (90) alone come to about 385; splitting them into modules of their own
+would add to the core rather than take anything out of it.
 """
 
 from __future__ import annotations
@@ -28,36 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers import bench, ceilings, errors, kernels, verdicts
+from helpers import bench, ceilings, errors
 
 # ------------------------------------------------------------------ the model
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NormFactory = Callable[[int], nn.Module]
-
-
-# The full profile's batch and the peak memory it was measured with: path 1 (FP32, the largest)
-# peaked at 19.6 GiB with 32 sequences of 1024 bytes on the H200 reference run (reports/h200/),
-# of which about 1.4 GiB are weights, gradients and Adam state; the rest grows with the batch.
-FULL_BATCH = 32
-PEAK_FIXED_GIB, PEAK_PER_SEQUENCE_GIB = 1.4, (19.6 - 1.4) / 32
-
-
-def full_batch(usable_gib: float | None, headroom: float = 0.85) -> tuple[int, str]:
-    """The full profile's sequences per step for a GPU with ``usable_gib`` of memory, and one
-    line saying why: 32, halved until the FP32 path's predicted peak fits in ``headroom`` of
-    the memory (16 on a 16 GB card)."""
-    batch = FULL_BATCH
-    if usable_gib is None:
-        return batch, f"batch {batch} sequences (the full profile's)"
-    predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
-    while batch > 1 and predicted > headroom * usable_gib:
-        batch //= 2
-        predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
-    why = ("the full profile's" if batch == FULL_BATCH else
-           f"halved from {FULL_BATCH} to fit this GPU")
-    return batch, (f"batch {batch} sequences ({why}: notebook 05's FP32 path, its largest run, "
-                   f"is predicted to peak at {predicted:.1f} GiB of the {usable_gib:.1f} GiB "
-                   "this process may use)")
 
 
 def pad_vocab(vocab: int, multiple: int = 64) -> int:
@@ -88,68 +73,6 @@ class GPTConfig:
 
 GPT2_SMALL = GPTConfig()
 TINY = GPTConfig(n_layer=2, d_model=64, n_head=4, seq_len=64)
-
-
-# ------------------------------------------------------------------ the training recipe
-# Notebook 05 writes this recipe out in its cells (its schedule and parameter groups are the
-# lesson there); notebooks 06 and 07 use this copy, and tests/test_gpt.py checks that the two
-# compute the same thing. The peak rate and the warm-up were chosen by measurement:
-# coursetools/recipe_sweep.py trained the full profile's GPT (80 steps of 32 x 1024 bytes) with
-# 16 pairs on an H200, each twice with the same seed; the README's "Choosing the training
-# recipe" holds its table (reports/h200/results/recipe_sweep.csv). A warm-up of 60 of the 80
-# steps to 3e-4 had the lowest validation loss of the pairs whose loss never climbed back above
-# step 0's; the steps warm up over the same share of a shorter run.
-PEAK_LR = 3e-4
-WARMUP_FRACTION = 0.75
-# The smoke profile's tiny model (2 layers, width 64) learns too little in 24 steps at 3e-4 to
-# pass the "learned" check (8.7% below step 0; 3e-3 gives 39%): its own rate, not a finding.
-SMOKE_PEAK_LR = 3e-3
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """The course's optimizer settings and schedule: AdamW (betas 0.9/0.95, weight decay 0.1 on
-    matrices only), clipping at 1.0, a linear warm-up to ``lr`` over ``warmup`` steps, then a
-    cosine decay to ``final_fraction`` of it at step ``steps``."""
-
-    steps: int
-    lr: float = PEAK_LR
-    warmup: int = 1
-    final_fraction: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    clip: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.warmup < self.steps:
-            raise ValueError(f"the warm-up ({self.warmup} steps) must be at least 1 and shorter "
-                             f"than the run ({self.steps} steps): lower it or train longer")
-
-    @classmethod
-    def scaled(cls, steps: int, lr: float = PEAK_LR, **changes) -> Recipe:
-        """The recipe for a run of ``steps`` steps: warm-up over ``WARMUP_FRACTION`` of them."""
-        return cls(steps=steps, lr=lr, warmup=max(1, round(WARMUP_FRACTION * steps)), **changes)
-
-    @property
-    def hp(self) -> dict:
-        """The optimizer's keyword arguments (every optimizer of a comparison gets these)."""
-        return dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
-
-    def lr_at(self, i: int) -> float:
-        """Linear warm-up over ``warmup`` steps, cosine decay to the final rate at ``steps``."""
-        if i < self.warmup:
-            return self.lr * (i + 1) / self.warmup
-        progress = min(1.0, (i - self.warmup) / max(1, self.steps - self.warmup))
-        low = self.final_fraction
-        return self.lr * (low + (1 - low) / 2 * (1.0 + math.cos(math.pi * progress)))
-
-    def param_groups(self, model: nn.Module) -> list[dict]:
-        """Decay on matrices (dim >= 2, the tied embedding once), none on biases and norms."""
-        params = list({id(p): p for p in model.parameters()}.values())
-        return [{"params": [p for p in params if p.dim() >= 2],
-                 "weight_decay": self.weight_decay},
-                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -273,13 +196,6 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def score_matrix_bytes(cfg: GPTConfig, batch: int, bytes_per_element: int = 4) -> int:
-    """Size of one layer's attention score matrix, batch x heads x T x T, as written-out
-    attention (:func:`manual_attention`) materialises it; the flash and memory-efficient kernels
-    behind :func:`sdpa_attention` work through it in tiles and never hold it whole."""
-    return batch * cfg.n_head * cfg.seq_len * cfg.seq_len * bytes_per_element
-
-
 def flops_per_token(cfg: GPTConfig, *, include_head: bool = True) -> int:
     """Training FLOPs per token: 6 N + 6 L d T.
 
@@ -290,6 +206,94 @@ def flops_per_token(cfg: GPTConfig, *, include_head: bool = True) -> int:
     """
     n = non_embedding_params(cfg) + (cfg.d_model * cfg.padded_vocab if include_head else 0)
     return 6 * n + 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+
+
+# ------------------------------------------------ the training recipe and the full batch
+# Notebook 05 writes this recipe out in its cells (its schedule and parameter groups are the
+# lesson there); notebooks 06 and 07 use this copy, and tests/test_gpt.py checks that the two
+# compute the same thing. The peak rate and the warm-up were chosen by measurement:
+# coursetools/recipe_sweep.py trained the full profile's GPT (80 steps of 32 x 1024 bytes) with
+# 16 pairs on an H200, each twice with the same seed; the README's "Choosing the training
+# recipe" holds its table (reports/h200/results/recipe_sweep.csv). A warm-up of 60 of the 80
+# steps to 3e-4 had the lowest validation loss of the pairs whose loss never climbed back above
+# step 0's; the steps warm up over the same share of a shorter run.
+PEAK_LR = 3e-4
+WARMUP_FRACTION = 0.75
+# The smoke profile's tiny model (2 layers, width 64) learns too little in 24 steps at 3e-4 to
+# pass the "learned" check (8.7% below step 0; 3e-3 gives 39%): its own rate, not a finding.
+SMOKE_PEAK_LR = 3e-3
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The course's optimizer settings and schedule: AdamW (betas 0.9/0.95, weight decay 0.1 on
+    matrices only), clipping at 1.0, a linear warm-up to ``lr`` over ``warmup`` steps, then a
+    cosine decay to ``final_fraction`` of it at step ``steps``."""
+
+    steps: int
+    lr: float = PEAK_LR
+    warmup: int = 1
+    final_fraction: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.warmup < self.steps:
+            raise ValueError(f"the warm-up ({self.warmup} steps) must be at least 1 and shorter "
+                             f"than the run ({self.steps} steps): lower it or train longer")
+
+    @classmethod
+    def scaled(cls, steps: int, lr: float = PEAK_LR, **changes) -> Recipe:
+        """The recipe for a run of ``steps`` steps: warm-up over ``WARMUP_FRACTION`` of them."""
+        return cls(steps=steps, lr=lr, warmup=max(1, round(WARMUP_FRACTION * steps)), **changes)
+
+    @property
+    def hp(self) -> dict:
+        """The optimizer's keyword arguments (every optimizer of a comparison gets these)."""
+        return dict(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+    def lr_at(self, i: int) -> float:
+        """Linear warm-up over ``warmup`` steps, cosine decay to the final rate at ``steps``."""
+        if i < self.warmup:
+            return self.lr * (i + 1) / self.warmup
+        progress = min(1.0, (i - self.warmup) / max(1, self.steps - self.warmup))
+        low = self.final_fraction
+        return self.lr * (low + (1 - low) / 2 * (1.0 + math.cos(math.pi * progress)))
+
+    def param_groups(self, model: nn.Module) -> list[dict]:
+        """Decay on matrices (dim >= 2, the tied embedding once), none on biases and norms."""
+        params = list({id(p): p for p in model.parameters()}.values())
+        return [{"params": [p for p in params if p.dim() >= 2],
+                 "weight_decay": self.weight_decay},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+# The full profile's batch and the peak memory it was measured with: notebook 05's FP32 path
+# (its largest) peaked at 19.6 GiB with 32 sequences of 1024 bytes on the H200 reference run
+# (reports/h200/), of which about 1.4 GiB are weights, gradients and Adam state; the rest grows
+# with the batch.
+FULL_BATCH = 32
+PEAK_FIXED_GIB, PEAK_PER_SEQUENCE_GIB = 1.4, (19.6 - 1.4) / 32
+
+
+def full_batch(usable_gib: float | None, headroom: float = 0.85) -> tuple[int, str]:
+    """The full profile's sequences per step for a GPU with ``usable_gib`` of memory, and one
+    line saying why: 32, halved until the FP32 path's predicted peak fits in ``headroom`` of
+    the memory (16 on a 16 GB card)."""
+    batch = FULL_BATCH
+    if usable_gib is None:
+        return batch, f"batch {batch} sequences (the full profile's)"
+    predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
+    while batch > 1 and predicted > headroom * usable_gib:
+        batch //= 2
+        predicted = PEAK_FIXED_GIB + PEAK_PER_SEQUENCE_GIB * batch
+    why = ("the full profile's" if batch == FULL_BATCH else
+           f"halved from {FULL_BATCH} to fit this GPU")
+    return batch, (f"batch {batch} sequences ({why}: notebook 05's FP32 path, its largest run, "
+                   f"is predicted to peak at {predicted:.1f} GiB of the {usable_gib:.1f} GiB "
+                   "this process may use)")
 
 
 # ------------------------------------------------------------------ the data
@@ -443,26 +447,14 @@ def attempt(fn: Callable[[], bench.Run], label: str, device: torch.device | str,
             torch.cuda.empty_cache()
 
 
-def saved_bytes(fn: Callable[[], object]) -> int:
-    """Bytes of the tensors autograd keeps for the backward pass while ``fn()`` runs (each tensor
-    counted once; parameters and views of them left out, they exist anyway): activation
-    memory, measured."""
-    seen: dict[tuple, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t if t._base is None else t._base, nn.Parameter):
-            seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
-
-
-# ------------------------------------------------------------------ tables and readings
+# ------------------------------------------------------------------ tables of runs
 def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per_token: float,
-                peak_tflops: float) -> pd.DataFrame:
-    """One row per path of ``labels`` (a path that did not run keeps a row saying why)."""
+                peak_tflops: float, baseline: str | None = None) -> pd.DataFrame:
+    """One row per path of ``labels`` (a path that did not run keeps a row saying why).
+
+    ``speedup_vs_fp32`` is the step time of the path ``baseline`` (notebook 05 passes its FP32
+    path; the column keeps that name in its saved table) over each path's; NaN where no
+    ``baseline`` is given or it did not run."""
     rows = []
     for key, label in labels.items():
         run = runs.get(key)
@@ -486,170 +478,9 @@ def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per
     for column in ("step_ms", "tokens_per_s", "mfu", "peak_mem_gib", "final_val_loss"):
         if column not in table:
             table[column] = math.nan
-    base = table.loc[(table["path"] == "1") & (table["status"] == "ran"), "step_ms"]
+    base = table.loc[(table["path"] == baseline) & (table["status"] == "ran"), "step_ms"]
     table["speedup_vs_fp32"] = (float(base.iloc[0]) if len(base) else math.nan) / table["step_ms"]
     return table
-
-
-def breakdown_table(runs: dict[str, bench.Run]) -> pd.DataFrame:
-    """Per-step kernel time by category (``extra['breakdown']``, from ``kernels.profile_steps``)
-    next to the step time, one row per profiled path.
-
-    On CUDA the step time is the untraced median (kernel durations are not slowed by the
-    profiler); on the CPU the traced step, since tracing slows the operators themselves down."""
-    rows = []
-    for key, run in runs.items():
-        b = run.extra.get("breakdown") if run.ok else None
-        if not b:
-            continue
-        on_cuda = b.get("device") == "cuda"
-        step_ms = run.timing.median_ms if on_cuda else b["traced_step_ms"]
-        rows.append({"path": key, "label": run.label,
-                     **{f"{k}_ms": b[f"{k}_ms"] for k in kernels.NAMES},
-                     "kernel_ms": b["kernel_ms"], "step_ms": step_ms,
-                     "gap_ms": step_ms - b["kernel_ms"],
-                     "busy_pct": 100.0 * b["kernel_ms"] / step_ms,
-                     "kernels_per_step": b["kernels_per_step"],
-                     "traced_step_ms": b["traced_step_ms"],
-                     "step_reference": "untraced median" if on_cuda else "traced",
-                     "device": b.get("device", "cpu")})
-    return pd.DataFrame(rows)
-
-
-def breakdown_chart(breakdown: pd.DataFrame, ax=None):
-    """Stacked bars of shares: per path, each kernel category's and the gap's part of the step,
-    in percent, with the step time in ms above the bar - so a 430 ms path and a 48 ms one are
-    both readable on one axis."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8.5, 3.6))
-    names = breakdown["path"] + ": " + breakdown["label"]
-    on_cuda = (breakdown["device"] == "cuda").all()
-    gap = "idle GPU (gap)" if on_cuda else "outside operators (gap)"
-    parts = [(k, breakdown[f"{k}_ms"]) for k in kernels.NAMES]
-    parts.append((gap, breakdown["gap_ms"].clip(lower=0.0)))
-    whole = sum(values for _, values in parts)  # the step, or the kernels when they exceed it
-    bottom = pd.Series(0.0, index=breakdown.index)
-    for name, values in parts:
-        share = 100 * values / whole
-        ax.bar(names, share, bottom=bottom, label=name)
-        bottom = bottom + share
-    for x, ms in enumerate(breakdown["step_ms"]):
-        ax.annotate(f"{ms:.3g} ms", (x, 100), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, 112)
-    ax.set_ylabel("share of a training step (%)")
-    ax.set_title("Where a step's time goes, by " + ("kernel" if on_cuda else "operator")
-                 + " category (step time above each bar)")
-    ax.tick_params(axis="x", labelrotation=20)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3, axis="y")
-    ax.figure.tight_layout()
-    return ax
-
-
-def mfu_text(mfu: float) -> str:
-    """'38.7% MFU', or a note where the figure is above 100% (the CHECK line has called it
-    impossible: the peak it was measured against is wrong), so no summary repeats it."""
-    if not math.isfinite(mfu):
-        return "MFU not measured"
-    return f"{mfu:.1%} MFU" if mfu <= 1.0 else "MFU not shown (above 100%: see the CHECK line)"
-
-
-def speedup_text(row: pd.Series, base: pd.Series, what: str = "path 1") -> str:
-    """', 6.90x path 1' when the two step-time distributions can be told apart, else ', cannot
-    be told apart from path 1 (why)' - never a ratio of two timings the tie rule rejects."""
-    a, b = float(row["step_ms"]), float(base["step_ms"])
-    why = verdicts.tie_reason(a, b, a_iqr=_step_iqr(row), b_iqr=_step_iqr(base))
-    return f", cannot be told apart from {what} ({why})" if why else f", {b / a:.2f}x {what}"
-
-
-def _step_iqr(row: pd.Series) -> tuple[float, float] | None:
-    """A row's (first, third) quartile of the step time, when the table has them."""
-    q1, q3 = row.get("step_ms_q1", math.nan), row.get("step_ms_q3", math.nan)
-    return None if math.isnan(q1) or math.isnan(q3) else (float(q1), float(q3))
-
-
-def fastest_paths(table: pd.DataFrame) -> list[str]:
-    """The fastest path that ran, then those ``verdicts.is_tie`` cannot tell apart from it
-    (step-time IQRs used when the table has them); empty when no path ran."""
-    ran = table[table["status"] == "ran"]
-    if ran.empty:
-        return []
-    timings = ran.rename(columns={"step_ms": "median_ms", "step_ms_q1": "q1_ms",
-                                  "step_ms_q3": "q3_ms"})
-    return verdicts.tied_with_fastest(timings, key="path")
-
-
-def verdict(table: pd.DataFrame) -> str:
-    """Sentences built from the run's numbers: fastest path, Apex vs native (step time through
-    ``verdicts.compare``, and peak memory), against the FP32 baseline when it ran."""
-    ran = table[table["status"] == "ran"]
-    if ran.empty:
-        return "No path ran, so there is nothing to compare."
-    tied = fastest_paths(table)
-    by = ran.set_index("path")
-    fastest = by.loc[tied[0]]
-    versus = (speedup_text(fastest, by.loc["1"], "the FP32 baseline")
-              if tied[0] != "1" and "1" in by.index else "")
-    first = (f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
-             f"{fastest['step_ms']:.1f} ms per step, {mfu_text(fastest['mfu'])}{versus}.")
-    if len(tied) > 1:
-        others = (f"Path {tied[1]}" if len(tied) == 2 else
-                  f"Paths {', '.join(tied[1:-1])} and {tied[-1]}")
-        first += (f" {others} cannot be told apart from it (medians within "
-                  f"{verdicts.TIE_FRACTION:.0%}, step-time IQRs overlapping, or a spread over "
-                  f"{verdicts.SPREAD_LIMIT:.0%} of a median).")
-    lines = [first]
-    if {"2", "3"} <= set(by.index):
-        r2, r3 = by.loc["2"], by.loc["3"]
-        ms2, ms3 = float(r2["step_ms"]), float(r3["step_ms"])
-        iqr2, iqr3 = _step_iqr(r2), _step_iqr(r3)
-        faster = ms2 < ms3 and not verdicts.is_tie(ms2, ms3, a_iqr=iqr2, b_iqr=iqr3)
-        lines.append(f"{verdicts.compare('Path 2', ms2, 'path 3', ms3, a_iqr=iqr2, b_iqr=iqr3)}"
-                     f": on this GPU Apex's FusedAdam and fused LayerNorm are "
-                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
-                     "and LayerNorm.")
-        mem2 = float(r2.get("peak_mem_gib", math.nan))
-        mem3 = float(r3.get("peak_mem_gib", math.nan))
-        if not (math.isnan(mem2) or math.isnan(mem3)):
-            diff = mem2 - mem3
-            how = ("the same" if abs(diff) < 0.005 else
-                   f"{abs(diff):.2f} GiB {'less' if diff < 0 else 'more'} for path 2")
-            lines.append(f"Peak memory: path 2 {mem2:.2f} GiB, path 3 {mem3:.2f} GiB ({how}).")
-    else:
-        lines.append("Apex and native could not both run here, so there is no Apex verdict.")
-    return "\n".join(lines)
-
-
-def compare_breakdown(table: pd.DataFrame, a: str, b: str) -> str:
-    """Explain the step-time difference of paths ``a`` and ``b`` from their breakdown rows."""
-    rows = table.set_index("path") if not table.empty else table
-    if a not in rows.index or b not in rows.index:
-        return f"Paths {a} and {b} were not both profiled, so there is nothing to compare."
-    ra, rb = rows.loc[a], rows.loc[b]
-    diffs = {k: ra[f"{k}_ms"] - rb[f"{k}_ms"] for k in kernels.NAMES}
-    top = max(diffs, key=lambda k: abs(diffs[k]))
-    kernel_diff = ra["kernel_ms"] - rb["kernel_ms"]
-    gap_diff = ra["gap_ms"] - rb["gap_ms"]
-    on_cuda = ra.get("device", "cuda") == "cuda"
-    inside, outside = (("kernels", "idle GPU time (CPU-side overhead)") if on_cuda
-                       else ("ATen operators", "time outside operators (Python, dispatch)"))
-    cause = inside if abs(kernel_diff) >= abs(gap_diff) else outside
-    text = (f"Path {a} vs path {b}: step {ra['step_ms'] - rb['step_ms']:+.2f} ms, of which "
-            f"{inside} {kernel_diff:+.2f} ms and the rest {gap_diff:+.2f} ms; most of the "
-            f"difference is in {cause}. The category that differs most is {top} "
-            f"({diffs[top]:+.2f} ms per step)")
-    if on_cuda:
-        text += (f"; kernel launches per step: {ra['kernels_per_step']:.0f} vs "
-                 f"{rb['kernels_per_step']:.0f}")
-    return text + "."
-
-
-def val_loss_spread(table: pd.DataFrame) -> float:
-    """(largest / smallest final validation loss) - 1 over the paths that ran; NaN under two."""
-    losses = table.loc[table["status"] == "ran", "final_val_loss"].dropna()
-    return float(losses.max() / losses.min() - 1) if len(losses) >= 2 else math.nan
 
 
 def start_table(runs: dict[str, bench.Run], first: int = 8) -> pd.DataFrame:
@@ -682,140 +513,3 @@ def unhealthy_start(runs: dict[str, bench.Run]) -> str:
     return ("CHECK: unhealthy start - the loss climbed above its step-0 value in "
             f"{', '.join(bad)}: the learning rate rises too fast for this model; lower lr or "
             "warm up over more steps (the README's recipe sweep shows where the start breaks).")
-
-
-def loss_reading(table: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
-    """The paths' validation-loss spread read against the noise floor: '(spread X%; noise floor
-    Y%: within noise)', or '(spread X%)' without a floor."""
-    spread = val_loss_spread(table)
-    if noise is None:
-        return f"spread {spread:.2%}"
-    return (f"spread {spread:.2%}; noise floor {noise.floor:.2%}: "
-            f"{verdicts.noise_reading(spread, noise.floor)}")
-
-
-def targets(table: pd.DataFrame, applies: bool = True,
-            noise: verdicts.NoiseFloor | None = None) -> str:
-    """The course's H200 targets, each marked met / missed / not measured, with the number; the
-    loss target is printed beside the noise floor measured in the same run (when given)."""
-    if not applies:
-        return ("The course's targets (MFU, Apex vs FP32 and native) are set for the full "
-                "profile on a GPU; this run is not one, so they are not evaluated.")
-    by = table[table["status"] == "ran"].set_index("path")
-
-    def mark(ok: bool | None) -> str:
-        return "not measured here" if ok is None else ("met" if ok else "MISSED")
-
-    best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
-    if best > 1.0:
-        lines = ["fastest path >= 45% MFU: not measured here (an MFU above 100%: see the CHECK "
-                 "line)"]
-    else:
-        lines = [f"fastest path >= 45% MFU: {mark(None if math.isnan(best) else best >= 0.45)} "
-                 f"(best {best:.1%})"]
-    if {"1", "2"} <= set(by.index):
-        x = by.loc["2", "speedup_vs_fp32"]
-        lines.append(f"path 2 >= 5x path 1: {mark(x >= 5)} ({x:.2f}x)")
-    else:
-        lines.append("path 2 >= 5x path 1: not measured here")
-    if {"2", "3"} <= set(by.index):
-        r = by.loc["2", "step_ms"] / by.loc["3", "step_ms"]
-        lines.append(f"path 2 at most 10% slower than path 3: {mark(r <= 1.10)} "
-                     f"(step-time ratio {r:.3f})")
-    else:
-        lines.append("path 2 at most 10% slower than path 3: not measured here")
-    spread = val_loss_spread(table)
-    tolerance = verdicts.LOSS_TOLERANCE
-    if math.isnan(spread):
-        lines.append(f"validation losses within {tolerance:.0%}: not measured here")
-    else:
-        lines.append(f"validation losses within {tolerance:.0%} of each other: "
-                     f"{mark(spread <= tolerance)} ({loss_reading(table, noise)})")
-    return "\n".join(lines)
-
-
-def _rate(tflops: float) -> str:
-    return f"{tflops:.0f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
-
-
-def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: GPTConfig,
-               tokens_per_step: int, peak_tflops: float,
-               matmul_ceiling_tflops: float | None = None) -> str:
-    """What holds the fastest profiled path's MFU down, from its kernel-time breakdown.
-
-    FLOPs counted as in :func:`flops_per_token`: the parameter matmuls 6 N per token and
-    attention 6 L d T per token. Everything else the step runs (norms, element-wise, optimizer,
-    copies) does no counted FLOPs, so its time is time the tensor cores are idle."""
-    ran = table[table["status"] == "ran"]
-    profiled = ran[ran["path"].isin(set(breakdown["path"]))] if not breakdown.empty else ran[:0]
-    if profiled.empty:
-        return "No path was profiled, so what limits MFU is not measured here."
-    fastest = profiled.loc[profiled["step_ms"].idxmin()]
-    row = breakdown.set_index("path").loc[fastest["path"]]
-    attention_per_token = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
-    matmul_flops = (flops_per_token(cfg) - attention_per_token) * tokens_per_step
-    attention_flops = attention_per_token * tokens_per_step
-    step_ms = float(row["step_ms"])
-    mm_ms, att_ms = float(row["matmul_ms"]), float(row["attention_ms"])
-    rest_ms = step_ms - mm_ms - att_ms
-    if not float(fastest["mfu"]) <= 1.0:
-        return (f"What limits path {fastest['path']}'s MFU is not read here: its MFU is above "
-                "100% (see the CHECK line), so the peak it is measured against is wrong.")
-    lines = [f"What limits path {fastest['path']} ({fastest['label']}, "
-             f"{mfu_text(fastest['mfu'])}), per step of {step_ms:.1f} ms:"]
-    if mm_ms > 0:
-        rate = matmul_flops / (mm_ms * 1e-3) / 1e12
-        ceiling = (f", {rate / matmul_ceiling_tflops:.0%} of the measured bf16 matmul ceiling"
-                   if matmul_ceiling_tflops else "")
-        lines.append(f"- parameter matmuls: {mm_ms:.1f} ms ({mm_ms / step_ms:.0%} of the step) "
-                     f"at {_rate(rate)}{ceiling}, {rate / peak_tflops:.0%} of the "
-                     f"{_rate(peak_tflops)} peak")
-    if att_ms > 0:
-        rate = attention_flops / (att_ms * 1e-3) / 1e12
-        lines.append(f"- attention: {att_ms:.1f} ms ({att_ms / step_ms:.0%}) at {_rate(rate)}")
-    others = {k: float(row[f"{k}_ms"]) for k in kernels.NAMES if k not in ("matmul", "attention")}
-    top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1]))
-    what = ("kernels that do no counted FLOPs, or an idle GPU" if row.get("device") == "cuda"
-            else "operators that do no counted FLOPs, or time outside operators")
-    lines.append(f"- everything else: {rest_ms:.1f} ms ({rest_ms / step_ms:.0%}) of {what} "
-                 f"(ms: {top}; gap {float(row['gap_ms']):.1f})")
-    if mm_ms + att_ms > 0:
-        bound = (matmul_flops + attention_flops) / ((mm_ms + att_ms) * 1e-3) / 1e12 / peak_tflops
-        lines.append(f"Even if everything else took no time, this path would reach {bound:.0%} "
-                     "MFU; the rest of the distance to the peak is the matmul and attention "
-                     "kernels' own.")
-    return "\n".join(lines)
-
-
-def summary(table: pd.DataFrame, *, where: str, tokens_per_step: int, steps: int,
-            noise: verdicts.NoiseFloor | None = None) -> str:
-    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread
-    (against the noise floor when given). Speedups over path 1 are left out where path 1 did
-    not run."""
-    ran = table[table["status"] == "ran"]
-    if ran.empty:
-        return f"No path ran on this run ({where}), so there is nothing to summarise."
-    by_path = ran.set_index("path")
-    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path):"]
-    for key, row in by_path.iterrows():
-        versus = ("" if key == "1" or "1" not in by_path.index else
-                  speedup_text(row, by_path.loc["1"]))
-        lines.append(f"- path {key} ({row['label']}): {row['step_ms']:.1f} ms/step, "
-                     f"{row['tokens_per_s']:,.0f} tokens/s, {mfu_text(row['mfu'])}{versus}, "
-                     f"val loss {row['final_val_loss']:.3f}")
-    if {"3", "4"} <= set(by_path.index):
-        r3, r4 = by_path.loc["3"], by_path.loc["4"]
-        saved_s = (r3["step_ms"] - r4["step_ms"]) / 1e3
-        tie = verdicts.is_tie(float(r4["step_ms"]), float(r3["step_ms"]), a_iqr=_step_iqr(r4),
-                              b_iqr=_step_iqr(r3))
-        payback = (f"paid back after {r4['compile_s'] / saved_s:.0f} steps" if saved_s > 0
-                   and not tie else "never paid back: path 4 was not measurably faster than "
-                   "path 3")
-        lines.append(f"- torch.compile took {r4['compile_s']:.1f} s, {payback}")
-    tied = fastest_paths(table)
-    fastest = f"path {tied[0]}" + (f" (cannot be told apart from {', '.join(tied[1:])})"
-                                   if len(tied) > 1 else "")
-    spread = val_loss_spread(table)
-    losses = "" if math.isnan(spread) else f"; validation losses {loss_reading(table, noise)}"
-    lines.append(f"- fastest: {fastest}{losses}")
-    return "\n".join(lines)

@@ -1,14 +1,15 @@
-"""Notebook 05's module: the model (shapes, causality, attention, size and FLOP formulas), the
-byte corpus and batch plan, running a path with its failures as one line, and the readings
-(paths and breakdown tables, verdict, targets, MFU limits, summary)."""
+"""The GPT notebooks 05-07 share: the model (shapes, causality, attention, size and FLOP
+formulas), the byte corpus and batch plan, the recipe and the full batch, running a path with its
+failures as one line, and the tables of runs (paths, start). Notebook 05's own readings are
+tested in tests/test_end_to_end.py."""
 
+import dataclasses
 import math
 
-import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, ceilings, errors, gpt, kernels, machine, run_profile, verdicts
+from helpers import bench, ceilings, errors, gpt, kernels, machine, run_profile
 
 CPU = torch.device("cpu")
 
@@ -88,12 +89,6 @@ def test_gpt2_small_counts_and_flops():
     # 6 * (85_056_000 + 768 * 256) + 6 * 12 * 768 * 1024
     assert gpt.flops_per_token(cfg) == 568_138_752
     assert gpt.flops_per_token(cfg, include_head=False) == 6 * 85_056_000 + 56_623_104
-
-
-def test_score_matrix_size():
-    # 32 x 12 x 1024 x 1024 float32 values: 1.61 GB per layer at GPT-2 small's shape
-    assert gpt.score_matrix_bytes(gpt.GPT2_SMALL, 32) == 1_610_612_736
-    assert gpt.score_matrix_bytes(_tiny(), 3, bytes_per_element=2) == 3 * 4 * 16 * 16 * 2
 
 
 def test_gpt2_init_scales():
@@ -241,30 +236,13 @@ def test_run_checksum_sees_the_order_of_batches(small):
     assert _train(small, steps=4)[1] != _train(small, steps=4, swap=True)[1]
 
 
-def test_profiler_breakdown_fits_in_the_traced_step(small):
-    run, _, _, step = _train(small, steps=4)
-    more = iter(range(4))
-    run.extra["breakdown"] = kernels.profile_steps(lambda: step(next(more)), 2, CPU)
-    b = run.extra["breakdown"]
-    # operator self times are measured by the profiler, the traced step by the wall clock: the
-    # self times of operators that run one after another cannot add up to more than the step
-    assert 0 < b["kernel_ms"] <= b["traced_step_ms"] * 1.05
-    assert b["matmul_ms"] > 0 and b["optimizer_ms"] > 0
-    table = gpt.breakdown_table({"1": run})
-    assert list(table["path"]) == ["1"] and table["gap_ms"].notna().all()
-    assert table.loc[0, "step_reference"] == "traced"
-    ax = gpt.breakdown_chart(table)
-    assert len(ax.patches) == len(kernels.NAMES) + 1  # one bar segment per category + the gap
-    assert sum(p.get_height() for p in ax.patches) == pytest.approx(100)  # shares of the step
-
-
 def test_paths_table_keeps_a_row_for_every_path(small):
     run, checksum, _, _ = _train(small, steps=6)
     run.extra.update(tokens_per_step=128, checksum=checksum, val_loss=3.0)
     failed = bench.Run("P3", "cpu", error="out of GPU memory (...)")
     labels = {"1": "P1", "1b": "P1b", "3": "P3"}
     table = gpt.paths_table({"1": run, "3": failed}, labels, flops_per_token=1e6,
-                            peak_tflops=1.0)
+                            peak_tflops=1.0, baseline="1")
     assert list(table["path"]) == ["1", "1b", "3"]
     assert list(table["status"]) == ["ran", "not run on this machine",
                                      "FAILED: out of GPU memory (...)"]
@@ -273,6 +251,14 @@ def test_paths_table_keeps_a_row_for_every_path(small):
     assert row["mfu"] == pytest.approx(1e6 * row["tokens_per_s"] / 1e12)
     assert row["final_train_loss"] == run.final_loss and row["final_val_loss"] == 3.0
     assert math.isnan(table.iloc[1]["step_ms"])
+    # the speedup is over the baseline given; none given (or one that did not run): NaN
+    slower = dataclasses.replace(run, label="P2", step_ms=[2 * t for t in run.step_ms])
+    two = gpt.paths_table({"1": run, "2": slower}, {"1": "P1", "2": "P2"}, flops_per_token=1e6,
+                          peak_tflops=1.0, baseline="2")
+    assert list(two["speedup_vs_fp32"]) == pytest.approx([2.0, 1.0])
+    for baseline in (None, "3"):
+        assert gpt.paths_table({"1": run, "3": failed}, labels, flops_per_token=1e6,
+                               peak_tflops=1.0, baseline=baseline)["speedup_vs_fp32"].isna().all()
 
 
 # ------------------------------------------------------------------ failures as one line
@@ -306,21 +292,7 @@ def test_compile_guard_is_the_one_that_is_used():
     assert issubclass(errors.CompileFailed, errors.CourseError)
 
 
-# ------------------------------------------------------------------ measured memory
-def test_saved_bytes_counts_what_autograd_keeps():
-    x = torch.randn(8, 16, requires_grad=True)
-    # x * x saves x twice (one tensor: counted once); exp saves its output
-    assert gpt.saved_bytes(lambda: (x * x).exp()) == 2 * 8 * 16 * 4
-    with torch.no_grad():
-        assert gpt.saved_bytes(lambda: (x * x).exp()) == 0
-    linear = torch.nn.Linear(16, 4)
-    assert gpt.saved_bytes(lambda: linear(x)) == 8 * 16 * 4  # the input; the weight is a param
-    norm = torch.nn.LayerNorm(16)
-    # the FP32 input, plus mean and 1/std per row
-    assert gpt.saved_bytes(lambda: norm(x)) == 8 * 16 * 4 + 2 * 8 * 4
-
-
-# ------------------------------------------------------------------ readings
+# ------------------------------------------------------------------ kernels, peaks and MFU
 @pytest.mark.parametrize("name, category", [
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
     ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "matmul"),
@@ -366,123 +338,6 @@ def test_peak_lookup_and_mfu():
     # 568_138_752 FLOP/token at 1e6 tokens/s on a 989 TFLOP/s peak
     assert ceilings.mfu(gpt.flops_per_token(cfg), 1e6, 989.0) == \
         pytest.approx(568_138_752e6 / 989e12)
-
-
-def _fake_table(step_2: float, step_3: float) -> pd.DataFrame:
-    rows = [("1", "FP32", 300.0), ("2", "Apex", step_2), ("3", "Native", step_3)]
-    table = pd.DataFrame([{"path": p, "label": lab, "status": "ran", "step_ms": ms,
-                           "mfu": 0.1, "speedup_vs_fp32": 300.0 / ms} for p, lab, ms in rows])
-    return table
-
-
-def test_verdict_follows_the_numbers():
-    slower = gpt.verdict(_fake_table(50.0, 40.0))
-    assert "Path 2 (50 ms) is 1.25x slower than path 3 (40 ms)" in slower
-    assert "are not faster than PyTorch's own" in slower
-    faster = gpt.verdict(_fake_table(30.0, 40.0))
-    assert "is 1.33x faster than path 3" in faster and "are faster than PyTorch's own" in faster
-    level = gpt.verdict(_fake_table(40.5, 40.0))
-    assert "cannot be told apart on this run (within 3%)" in level and "not faster" in level
-    assert "fastest path was 2 (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the FP32" in faster
-
-
-def test_verdict_calls_overlapping_iqrs_a_tie():
-    table = _fake_table(48.0, 42.0)
-    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 40.0, 38.0], [301.0, 50.0, 47.0]
-    assert "cannot be told apart on this run (IQRs overlap)" in gpt.verdict(table)
-    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 47.5, 41.5], [301.0, 48.5, 42.5]
-    assert "is 1.14x slower than path 3" in gpt.verdict(table)
-
-
-def test_verdict_names_paths_tied_with_the_fastest():
-    table = _fake_table(40.5, 40.0)
-    assert "fastest path was 3 (Native)" in gpt.verdict(table)
-    assert "Path 2 cannot be told apart from it" in gpt.verdict(table)
-
-
-def test_verdict_reports_the_peak_memory_of_paths_2_and_3():
-    table = _fake_table(50.0, 40.0)
-    table["peak_mem_gib"] = [19.7, 10.8, 12.0]
-    assert "Peak memory: path 2 10.80 GiB, path 3 12.00 GiB (1.20 GiB less for path 2)." in \
-        gpt.verdict(table)
-    table["peak_mem_gib"] = float("nan")  # the CPU measures none: no memory sentence
-    assert "Peak memory" not in gpt.verdict(table)
-
-
-def test_verdict_without_the_fp32_baseline_or_any_path():
-    table = _fake_table(50.0, 40.0)
-    table.loc[0, "status"] = "Path 1 skipped: ..."
-    table["speedup_vs_fp32"] = float("nan")
-    text = gpt.verdict(table)
-    assert "nan" not in text and "baseline" not in text and "fastest path was 3" in text
-    table["status"] = "skipped"
-    assert gpt.verdict(table) == "No path ran, so there is nothing to compare."
-
-
-def test_summary_lists_what_ran_and_omits_what_it_cannot_compute():
-    table = _fake_table(50.0, 40.0)
-    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
-    table = pd.concat([table, pd.DataFrame([{
-        "path": "4", "label": "Compiled", "status": "ran", "step_ms": 30.0, "mfu": 0.2,
-        "speedup_vs_fp32": 10.0, "tokens_per_s": 1000.0, "final_val_loss": 2.0,
-        "compile_s": 20.0}])], ignore_index=True)
-    text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
-    assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path):")
-    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, 10.0% MFU, val loss 2.000" in text
-    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, 10.0% MFU, 6.00x path 1" in text
-    assert "torch.compile took 20.0 s, paid back after 2000 steps" in text
-    assert text.endswith("- fastest: path 4; validation losses spread 1.00%")
-    noise = verdicts.NoiseFloor((2.0, 2.004))  # a floor of 0.2%: 1% is beyond 2x it
-    read = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10, noise=noise)
-    assert read.endswith("spread 1.00%; noise floor 0.20%: beyond noise by 5.0x the floor")
-    table.loc[0, "status"] = "Path 1 skipped: ..."
-    table["speedup_vs_fp32"] = float("nan")
-    text = gpt.summary(table, where="GPU X", tokens_per_step=64, steps=10)
-    assert "nan" not in text and "x path 1" not in text
-    table["status"] = "skipped"
-    assert "No path ran" in gpt.summary(table, where="CPU", tokens_per_step=64, steps=10)
-
-
-def test_targets_mark_each_goal_from_the_numbers():
-    table = pd.DataFrame([
-        {"path": "1", "status": "ran", "mfu": 0.05, "step_ms": 500.0, "final_val_loss": 2.00},
-        {"path": "2", "status": "ran", "mfu": 0.40, "step_ms": 90.0, "final_val_loss": 2.03},
-        {"path": "3", "status": "ran", "mfu": 0.46, "step_ms": 80.0, "final_val_loss": 2.01},
-    ])
-    table["speedup_vs_fp32"] = 500.0 / table["step_ms"]
-    lines = gpt.targets(table).splitlines()
-    assert lines[0].startswith("fastest path >= 45% MFU: met (best 46.0%)")
-    assert "path 2 >= 5x path 1: met (5.56x)" in lines[1]
-    assert "path 2 at most 10% slower than path 3: MISSED (step-time ratio 1.125)" in lines[2]
-    assert lines[3].endswith("met (spread 1.50%)")
-    table.loc[1, "final_val_loss"] = 2.10
-    assert gpt.targets(table).splitlines()[3].endswith("MISSED (spread 5.00%)")
-    assert "not evaluated" in gpt.targets(table, applies=False)
-    table.loc[1, "step_ms"] = 60.0  # faster than path 3 by any margin still meets it
-    assert "path 2 at most 10% slower than path 3: met (step-time ratio 0.750)" in \
-        gpt.targets(table).splitlines()[2]
-
-
-def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
-    cfg = gpt.GPT2_SMALL
-    tokens = 32768
-    fpt = gpt.flops_per_token(cfg)
-    att = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
-    table = pd.DataFrame([
-        {"path": "3", "label": "native", "status": "ran", "step_ms": 60.0, "mfu": 0.3},
-        {"path": "4", "label": "compiled", "status": "ran", "step_ms": 50.0, "mfu": 0.38},
-    ])
-    # matmuls take 25 ms, attention 5 ms: rates follow from the counted FLOPs
-    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
-    row.update({f"{k}_ms": 4.0 for k in kernels.NAMES if k not in ("matmul", "attention")})
-    row.update(matmul_ms=25.0, attention_ms=5.0)
-    text = gpt.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
-    mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
-    assert f"at {mm_rate:.0f} TFLOP/s, {mm_rate / 780:.0%} of the measured" in text
-    assert "path 4 (compiled" in text and "20.0 ms (40%)" in text and "idle GPU" in text
-    bound = fpt * tokens / 30e-3 / 1e12 / 989
-    assert f"would reach {bound:.0%} MFU" in text
-    assert "not measured" in gpt.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
 
 
 @pytest.mark.parametrize("usable, batch", [(139.8, 32), (24.0, 32), (15.0, 16), (14.7, 16),
@@ -550,12 +405,3 @@ def test_an_unhealthy_start_is_flagged_and_a_healthy_one_is_not():
     assert "2 (step 2: 7.470 > step 0's 5.630)" in flag
     table = gpt.start_table({"1": healthy, "2": spiky}, first=3)
     assert table.loc["1", "step 0"] == "5.60 (60.0)" and table.loc["2", "step 2"] == "7.47"
-
-
-def test_an_mfu_above_its_peak_is_never_repeated_by_the_readings():
-    table = _fake_table(50.0, 40.0)
-    table["mfu"] = [0.1, 1.6, 1.7]  # the CHECK line has called these impossible
-    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
-    for text in (gpt.verdict(table), gpt.summary(table, where="X", tokens_per_step=64, steps=10),
-                 gpt.targets(table)):
-        assert "160" not in text and "170" not in text and "above 100%" in text

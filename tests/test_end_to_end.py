@@ -1,0 +1,304 @@
+"""Notebook 05's chapter module: the memory it measures (score matrix, saved activations), the
+time breakdown and its chart, and the readings - verdict, targets, MFU limits, summary - built
+from the run's numbers, with the path roles and the targets the notebook passes in."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import torch
+
+from helpers import bench, gpt, kernels, verdicts
+from helpers.chapters import end_to_end
+
+CPU = torch.device("cpu")
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_end_to_end_transformer.ipynb"
+ROLES = end_to_end.Roles(baseline="1", apex="2", native="3", compiled="4",
+                         baseline_name="the FP32 baseline")
+GOALS = end_to_end.Targets(mfu=0.45, speedup=5.0, slower=0.10, val_loss=verdicts.LOSS_TOLERANCE)
+
+
+# ------------------------------------------------------------------ memory
+def test_score_matrix_size():
+    # 32 x 12 x 1024 x 1024 float32 values: 1.61 GB per layer at GPT-2 small's shape
+    assert end_to_end.score_matrix_bytes(gpt.GPT2_SMALL, 32) == 1_610_612_736
+    tiny = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16)
+    assert end_to_end.score_matrix_bytes(tiny, 3, bytes_per_element=2) == 3 * 4 * 16 * 16 * 2
+
+
+def test_saved_bytes_counts_what_autograd_keeps():
+    x = torch.randn(8, 16, requires_grad=True)
+    # x * x saves x twice (one tensor: counted once); exp saves its output
+    assert end_to_end.saved_bytes(lambda: (x * x).exp()) == 2 * 8 * 16 * 4
+    with torch.no_grad():
+        assert end_to_end.saved_bytes(lambda: (x * x).exp()) == 0
+    linear = torch.nn.Linear(16, 4)
+    assert end_to_end.saved_bytes(lambda: linear(x)) == 8 * 16 * 4  # the input; not the weight
+    norm = torch.nn.LayerNorm(16)
+    # the FP32 input, plus mean and 1/std per row
+    assert end_to_end.saved_bytes(lambda: norm(x)) == 8 * 16 * 4 + 2 * 8 * 4
+
+
+# ------------------------------------------------------------------ where the time goes
+def _profiled_cpu_run() -> bench.Run:
+    """Four steps of a tiny GPT on the CPU, then one untraced and two traced by the profiler."""
+    data = gpt.load_corpus(cap_mb=0.5)
+    cfg = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=32)
+    torch.manual_seed(0)
+    model = gpt.GPT(cfg)
+    plan = gpt.BatchPlan.draw(data.train, steps=7, batch=4, seq_len=cfg.seq_len, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+
+    def step(i):
+        loss = model(*plan.batch(i))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # foreach norm: "optimizer"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    run = bench.train(step, 4, device=CPU, warmup=2, label="cpu")
+    more = iter(range(4, 7))  # profile_steps runs one untraced step first
+    run.extra["breakdown"] = kernels.profile_steps(lambda: step(next(more)), 2, CPU)
+    return run
+
+
+def test_profiler_breakdown_fits_in_the_traced_step():
+    run = _profiled_cpu_run()
+    b = run.extra["breakdown"]
+    # operator self times are measured by the profiler, the traced step by the wall clock: the
+    # self times of operators that run one after another cannot add up to more than the step
+    assert 0 < b["kernel_ms"] <= b["traced_step_ms"] * 1.05
+    assert b["matmul_ms"] > 0 and b["optimizer_ms"] > 0
+    failed = bench.Run("P2", "cpu", error="out of GPU memory (...)")
+    table = end_to_end.breakdown_table({"1": run, "2": failed})  # a failed path has no row
+    assert list(table["path"]) == ["1"] and table["gap_ms"].notna().all()
+    assert table.loc[0, "step_reference"] == "traced"
+    assert table.loc[0, "step_ms"] == b["traced_step_ms"]  # on the CPU: the traced step
+    ax = end_to_end.breakdown_chart(table)
+    assert len(ax.patches) == len(kernels.NAMES) + 1  # one bar segment per category + the gap
+    assert sum(p.get_height() for p in ax.patches) == pytest.approx(100)  # shares of the step
+
+
+def _breakdown_row(path: str, gap_ms: float, **ms: float) -> dict:
+    row = {f"{k}_ms": 1.0 for k in kernels.NAMES} | {f"{k}_ms": v for k, v in ms.items()}
+    kernel_ms = sum(row[f"{k}_ms"] for k in kernels.NAMES)
+    return {"path": path, **row, "kernel_ms": kernel_ms, "gap_ms": gap_ms,
+            "step_ms": kernel_ms + gap_ms, "kernels_per_step": 100.0, "device": "cuda"}
+
+
+def test_compare_breakdown_names_where_the_difference_is():
+    table = pd.DataFrame([_breakdown_row("2", 1.0, norm=5.0), _breakdown_row("3", 1.0)])
+    text = end_to_end.compare_breakdown(table, "2", "3")
+    assert text.startswith("Path 2 vs path 3: step +4.00 ms, of which kernels +4.00 ms")
+    assert "most of the difference is in kernels" in text and "is norm (+4.00 ms" in text
+    table = pd.DataFrame([_breakdown_row("3", 9.0), _breakdown_row("4", 1.0, optimizer=2.0)])
+    text = end_to_end.compare_breakdown(table, "3", "4")
+    assert "most of the difference is in idle GPU time (CPU-side overhead)" in text
+    assert "is optimizer (-1.00 ms" in text
+    assert "not both profiled" in end_to_end.compare_breakdown(table, "2", "3")
+
+
+# ------------------------------------------------------------------ the readings
+def _fake_table(step_2: float, step_3: float, keys=("1", "2", "3")) -> pd.DataFrame:
+    rows = [(keys[0], "FP32", 300.0), (keys[1], "Apex", step_2), (keys[2], "Native", step_3)]
+    table = pd.DataFrame([{"path": p, "label": lab, "status": "ran", "step_ms": ms,
+                           "mfu": 0.1, "speedup_vs_fp32": 300.0 / ms} for p, lab, ms in rows])
+    return table
+
+
+def test_verdict_follows_the_numbers():
+    slower = end_to_end.verdict(_fake_table(50.0, 40.0), ROLES)
+    assert "Path 2 (50 ms) is 1.25x slower than path 3 (40 ms)" in slower
+    assert "are not faster than PyTorch's own" in slower
+    faster = end_to_end.verdict(_fake_table(30.0, 40.0), ROLES)
+    assert "is 1.33x faster than path 3" in faster and "are faster than PyTorch's own" in faster
+    level = end_to_end.verdict(_fake_table(40.5, 40.0), ROLES)
+    assert "cannot be told apart on this run (within 3%)" in level and "not faster" in level
+    assert "fastest path was 2 (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the FP32" in faster
+
+
+def test_verdict_calls_overlapping_iqrs_a_tie():
+    table = _fake_table(48.0, 42.0)
+    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 40.0, 38.0], [301.0, 50.0, 47.0]
+    assert "cannot be told apart on this run (IQRs overlap)" in end_to_end.verdict(table, ROLES)
+    table["step_ms_q1"], table["step_ms_q3"] = [299.0, 47.5, 41.5], [301.0, 48.5, 42.5]
+    assert "is 1.14x slower than path 3" in end_to_end.verdict(table, ROLES)
+
+
+def test_verdict_names_paths_tied_with_the_fastest():
+    text = end_to_end.verdict(_fake_table(40.5, 40.0), ROLES)
+    assert "fastest path was 3 (Native)" in text
+    assert "Path 2 cannot be told apart from it" in text
+
+
+def test_verdict_reports_the_peak_memory_of_paths_2_and_3():
+    table = _fake_table(50.0, 40.0)
+    table["peak_mem_gib"] = [19.7, 10.8, 12.0]
+    assert "Peak memory: path 2 10.80 GiB, path 3 12.00 GiB (1.20 GiB less for path 2)." in \
+        end_to_end.verdict(table, ROLES)
+    table["peak_mem_gib"] = float("nan")  # the CPU measures none: no memory sentence
+    assert "Peak memory" not in end_to_end.verdict(table, ROLES)
+
+
+def test_verdict_without_the_fp32_baseline_or_any_path():
+    table = _fake_table(50.0, 40.0)
+    table.loc[0, "status"] = "Path 1 skipped: ..."
+    table["speedup_vs_fp32"] = float("nan")
+    text = end_to_end.verdict(table, ROLES)
+    assert "nan" not in text and "baseline" not in text and "fastest path was 3" in text
+    table["status"] = "skipped"
+    assert end_to_end.verdict(table, ROLES) == "No path ran, so there is nothing to compare."
+
+
+def test_the_readings_take_the_paths_from_the_roles_they_are_given():
+    table = _fake_table(30.0, 40.0, keys=("fp32", "apex", "native"))
+    table["peak_mem_gib"] = [19.7, 10.8, 12.0]
+    table["tokens_per_s"], table["final_val_loss"] = 1000.0, 2.0
+    roles = end_to_end.Roles(baseline="fp32", apex="apex", native="native", compiled="compiled",
+                             baseline_name="the reference")
+    text = end_to_end.verdict(table, roles)
+    assert "fastest path was apex (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the reference" \
+        in text
+    assert "Path apex (30 ms) is 1.33x faster than path native (40 ms)" in text
+    assert "Peak memory: path apex 10.80 GiB, path native 12.00 GiB" in text
+    # the notebook's keys are not this table's: no Apex verdict, no speedup over a baseline
+    assert "no Apex verdict" in end_to_end.verdict(table, ROLES)
+    assert "10.00x" not in end_to_end.verdict(table, ROLES)
+    lines = end_to_end.targets(table, GOALS, roles, applies=True).splitlines()
+    assert lines[1] == "path apex >= 5x path fp32: met (10.00x)"
+    assert lines[2].startswith("path apex at most 10% slower than path native: met")
+    table = pd.concat([table, pd.DataFrame([{
+        "path": "compiled", "label": "Compiled", "status": "ran", "step_ms": 40.2, "mfu": 0.1,
+        "tokens_per_s": 1000.0, "final_val_loss": 2.0, "compile_s": 20.0}])], ignore_index=True)
+    summary = end_to_end.summary(table, roles, where="X", tokens_per_step=64, steps=10)
+    assert "- path apex (Apex): 30.0 ms/step, 1,000 tokens/s, 10.0% MFU, 10.00x path fp32" in \
+        summary
+    assert "never paid back: path compiled was not measurably faster than path native" in summary
+
+
+def test_summary_lists_what_ran_and_omits_what_it_cannot_compute():
+    table = _fake_table(50.0, 40.0)
+    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
+    table = pd.concat([table, pd.DataFrame([{
+        "path": "4", "label": "Compiled", "status": "ran", "step_ms": 30.0, "mfu": 0.2,
+        "speedup_vs_fp32": 10.0, "tokens_per_s": 1000.0, "final_val_loss": 2.0,
+        "compile_s": 20.0}])], ignore_index=True)
+    text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
+    assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path):")
+    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, 10.0% MFU, val loss 2.000" in text
+    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, 10.0% MFU, 6.00x path 1" in text
+    assert "torch.compile took 20.0 s, paid back after 2000 steps" in text
+    assert text.endswith("- fastest: path 4; validation losses spread 1.00%")
+    noise = verdicts.NoiseFloor((2.0, 2.004))  # a floor of 0.2%: 1% is beyond 2x it
+    read = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10,
+                              noise=noise)
+    assert read.endswith("spread 1.00%; noise floor 0.20%: beyond noise by 5.0x the floor")
+    table.loc[3, "step_ms"] = 40.2  # the compiled path no faster than path 3: never paid back
+    text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
+    assert "never paid back: path 4 was not measurably faster than path 3" in text
+    table.loc[0, "status"] = "Path 1 skipped: ..."
+    table["speedup_vs_fp32"] = float("nan")
+    text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
+    assert "nan" not in text and "x path 1" not in text
+    table["status"] = "skipped"
+    assert "No path ran" in end_to_end.summary(table, ROLES, where="CPU", tokens_per_step=64,
+                                               steps=10)
+
+
+def _targets_table() -> pd.DataFrame:
+    table = pd.DataFrame([
+        {"path": "1", "status": "ran", "mfu": 0.05, "step_ms": 500.0, "final_val_loss": 2.00},
+        {"path": "2", "status": "ran", "mfu": 0.40, "step_ms": 90.0, "final_val_loss": 2.03},
+        {"path": "3", "status": "ran", "mfu": 0.46, "step_ms": 80.0, "final_val_loss": 2.01},
+    ])
+    table["speedup_vs_fp32"] = 500.0 / table["step_ms"]
+    return table
+
+
+def test_targets_mark_each_goal_from_the_numbers():
+    table = _targets_table()
+    lines = end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()
+    assert lines[0].startswith("fastest path >= 45% MFU: met (best 46.0%)")
+    assert "path 2 >= 5x path 1: met (5.56x)" in lines[1]
+    assert "path 2 at most 10% slower than path 3: MISSED (step-time ratio 1.125)" in lines[2]
+    assert lines[3].endswith("met (spread 1.50%)")
+    table.loc[1, "final_val_loss"] = 2.10
+    assert end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()[3].endswith(
+        "MISSED (spread 5.00%)")
+    assert "not evaluated" in end_to_end.targets(table, GOALS, ROLES, applies=False)
+    table.loc[1, "step_ms"] = 60.0  # faster than path 3 by any margin still meets it
+    assert "path 2 at most 10% slower than path 3: met (step-time ratio 0.750)" in \
+        end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()[2]
+
+
+def test_targets_are_held_to_the_goals_they_are_given():
+    stricter = end_to_end.Targets(mfu=0.50, speedup=6.0, slower=0.15, val_loss=0.01)
+    lines = end_to_end.targets(_targets_table(), stricter, ROLES, applies=True).splitlines()
+    assert lines == ["fastest path >= 50% MFU: MISSED (best 46.0%)",
+                     "path 2 >= 6x path 1: MISSED (5.56x)",
+                     "path 2 at most 15% slower than path 3: met (step-time ratio 1.125)",
+                     "validation losses within 1% of each other: MISSED (spread 1.50%)"]
+
+
+def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
+    cfg = gpt.GPT2_SMALL
+    tokens = 32768
+    fpt = gpt.flops_per_token(cfg)
+    att = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
+    table = pd.DataFrame([
+        {"path": "3", "label": "native", "status": "ran", "step_ms": 60.0, "mfu": 0.3},
+        {"path": "4", "label": "compiled", "status": "ran", "step_ms": 50.0, "mfu": 0.38},
+    ])
+    # matmuls take 25 ms, attention 5 ms: rates follow from the counted FLOPs
+    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
+    row.update({f"{k}_ms": 4.0 for k in kernels.NAMES if k not in ("matmul", "attention")})
+    row.update(matmul_ms=25.0, attention_ms=5.0)
+    text = end_to_end.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
+    mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
+    assert f"at {mm_rate:.0f} TFLOP/s, {mm_rate / 780:.0%} of the measured" in text
+    assert "path 4 (compiled" in text and "20.0 ms (40%)" in text and "idle GPU" in text
+    bound = fpt * tokens / 30e-3 / 1e12 / 989
+    assert f"would reach {bound:.0%} MFU" in text
+    assert "not measured" in end_to_end.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
+
+
+def test_an_mfu_above_its_peak_is_never_repeated_by_the_readings():
+    table = _fake_table(50.0, 40.0)
+    table["mfu"] = [0.1, 1.6, 1.7]  # the CHECK line has called these impossible
+    table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
+    for text in (end_to_end.verdict(table, ROLES),
+                 end_to_end.summary(table, ROLES, where="X", tokens_per_step=64, steps=10),
+                 end_to_end.targets(table, GOALS, ROLES, applies=True)):
+        assert "160" not in text and "170" not in text and "above 100%" in text
+
+
+# ------------------------------------------------------------------ notebook 05's own values
+def _cell(nb, needle: str) -> str:
+    return next(c.source for c in nb.cells if needle in c.source)
+
+
+def test_the_05_targets_cell_holds_the_targets_its_text_names():
+    """The verdict's markdown names the four targets; the cell below it passes them in."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    line = next(ln for ln in _cell(nb, "end_to_end.Targets(").splitlines()
+                if "end_to_end.Targets(" in ln)
+    goals = eval(line.split("=", 1)[1], {"end_to_end": end_to_end, "verdicts": verdicts})  # noqa: S307
+    text = " ".join(_cell(nb, "The course sets four targets").split())
+    assert f"fastest path at {goals.mfu:.0%} MFU or more" in text
+    assert f"path 2 at least {goals.speedup:g}x path 1" in text
+    assert f"path 2 at most {goals.slower:.0%} slower than path 3" in text
+    assert f"validation losses within {goals.val_loss:.0%} of each other" in text
+
+
+def test_the_05_roles_name_paths_it_labels():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = _cell(nb, "end_to_end.Roles(")
+    labels = eval(re.search(r"^labels = (\{.*?\})$", cell, re.M | re.S).group(1))  # noqa: S307
+    call = re.search(r"^roles = (end_to_end\.Roles\(.*?\))$", cell, re.M | re.S).group(1)
+    roles = eval(call, {"end_to_end": end_to_end})  # noqa: S307
+    assert {roles.baseline, roles.apex, roles.native, roles.compiled} <= set(labels)
+    assert labels[roles.baseline].startswith("FP32") and "Apex" in labels[roles.apex]
+    assert "compile" in labels[roles.compiled] and "FP32" in roles.baseline_name
