@@ -44,6 +44,7 @@ import nbformat
 from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
 from helpers.errors import CourseError, check_parameters
+from helpers.results import incomplete_dir, previous_dir, staging_dir, swap_in
 from helpers.run_profile import ProfileError, resolve
 from helpers.settings import HEADLESS_VAR, PROFILE_VAR, RESULTS_DIR_VAR
 
@@ -377,11 +378,6 @@ def out_problem(out: Path) -> str:
     return ""
 
 
-def incomplete_dir(out: Path) -> Path:
-    """Where a run that failed or was interrupted goes: ``<out>.incomplete``."""
-    return out.with_name(out.name + ".incomplete")
-
-
 def is_complete(runs: list[NotebookRun], paths: list[Path]) -> bool:
     """Every notebook of ``paths`` ran, and each one ok."""
     return len(runs) == len(paths) and all(r.ok for r in runs)
@@ -414,8 +410,7 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
     is removed) and removes an older ``<out>.incomplete``; a run that failed or was interrupted
     becomes ``<out>.incomplete`` (replacing an older one) and leaves ``out``, the last complete
     run, as it was. Each run's ``output`` names where its executed copy is now."""
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = staging_dir(out)
     runs: list[NotebookRun] = []
     complete = False
     try:
@@ -423,18 +418,8 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
                        notebook_timeout=notebook_timeout, params=params)
         complete = is_complete(runs, paths)
     finally:  # also on Ctrl-C between two notebooks: that run is incomplete
-        target = out if complete else incomplete_dir(out)
-        shutil.rmtree(incomplete_dir(out), ignore_errors=True)
-        if complete and out.exists():
-            previous = out.with_name(out.name + ".previous")
-            shutil.rmtree(previous, ignore_errors=True)
-            if keep_previous:
-                out.rename(previous)
-            else:
-                shutil.rmtree(out)
-        if staging.exists():
-            repoint_outputs(staging, target)
-            staging.rename(target)
+        target = swap_in(staging, out, complete=complete, keep_previous=keep_previous,
+                         prepare=lambda target: repoint_outputs(staging, target))
     for run in runs:
         run.output = target / run.output.name
     if target.exists():
@@ -445,7 +430,7 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
 def where_line(out: Path, runs: list[NotebookRun] | None, paths: list[Path]) -> str:
     """The one line that says where this run is, and where the last complete one is (``runs``
     None: interrupted between two notebooks)."""
-    previous = out.with_name(out.name + ".previous")
+    previous = previous_dir(out)
     if runs is not None and is_complete(runs, paths):
         return (f"executed notebooks and results: {out.resolve()}" + (
             f" (the run before it: {previous.resolve()})" if previous.exists() else ""))

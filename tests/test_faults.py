@@ -158,6 +158,28 @@ def test_only_a_complete_run_replaces_the_last_complete_one(tmp_path, monkeypatc
     assert len(calls) == 5 and all(c == tmp_path / "run.partial" for c in calls)
 
 
+def test_the_staging_swap_alone(tmp_path):
+    """results.swap_in, the one swap the runner uses: an incomplete run goes to
+    <out>.incomplete (out untouched, prepare told where); a complete one replaces out, whose
+    run before is removed without keep_previous; the staging folder is gone either way."""
+    out = _previous_run(tmp_path / "run")
+    seen = []
+    for complete, keep in ((False, True), (True, False)):
+        staging = results.staging_dir(out)
+        (staging / "results").mkdir(parents=True)
+        (staging / "new.ipynb").write_text(f"complete={complete}")
+        target = results.swap_in(staging, out, complete=complete, keep_previous=keep,
+                                 prepare=seen.append)
+        assert not staging.exists() and (target / "new.ipynb").exists()
+        if not complete:
+            assert target == results.incomplete_dir(out) == tmp_path / "run.incomplete"
+            assert _intact(out)
+    assert seen == [tmp_path / "run.incomplete", out] and target == out
+    assert (out / "new.ipynb").read_text() == "complete=True" and not (out / "old.ipynb").exists()
+    assert not results.previous_dir(out).exists() and not results.incomplete_dir(out).exists()
+    assert results.staging_dir(out) == tmp_path / "run.partial"
+
+
 def test_ctrl_c_between_notebooks_keeps_the_last_complete_run(tmp_path, monkeypatch, capsys):
     out = _previous_run(tmp_path / "run")
     nb = _notebook(tmp_path / "a.ipynb", "1")

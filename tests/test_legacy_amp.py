@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import bench, errors, machine
+from helpers import bench, errors, launch, machine
 from helpers.chapters import legacy_amp
 from helpers.chapters.legacy_amp import TrainConfig
 
@@ -307,7 +306,10 @@ def test_script_cell_reproduces_the_in_process_fp32_run(script, tmp_path, batche
 
 def test_launch_turns_a_crash_into_one_line(script, tmp_path):
     payload = legacy_amp.launch(script, CFG, tmp_path / "x.json", levels=("O9",), timeout=300)
-    assert payload["returncode"] == 2 and "O9" in payload["error"] and payload["runs"] == []
+    assert payload["returncode"] == 2 and payload["runs"] == []
+    assert payload["error"].startswith("the child process exited with 2; its last error: ")
+    assert payload["error"].endswith("error: unknown opt level O9: use O0, O1, O2, O3")
+    assert payload["stderr_tail"][-1] in payload["error"] and "\n" not in payload["error"]
 
 
 def test_legacy_levels_fail_in_one_line_without_the_install(script, tmp_path):
@@ -337,8 +339,7 @@ def test_legacy_import_hides_compiled_kernels_and_reset_is_clean(tmp_path):
             "assert c.import_legacy_amp() is not None, c.import_error; "
             "info = dict(c.payload['meta']); info['restored'] = l.reset_amp(); "
             "print(json.dumps(info))")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(legacy), str(REPO)]),
-               **{legacy_amp.LEGACY_DIR_VAR: str(legacy)})
+    env = launch.child_env(legacy, **{legacy_amp.LEGACY_DIR_VAR: str(legacy)})
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from helpers import bench, errors, gpt, machine
+from helpers import launch as launcher
 from helpers.chapters import scaling
 
 # torch.distributed.optim (ZeroRedundancyOptimizer, resolved by the Apex map) uses torch.jit
@@ -255,21 +256,28 @@ def test_failure_sentences_from_torchrun_reports():
               "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
               "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n"
               "  exitcode  : 1 (pid: 42)\n")
-    said = scaling.failure_sentence(report, 1)
+    said = launcher.failure_sentence(report, 1, who="torchrun")
     assert said.startswith("rank 1 exited with code 1") and "OutOfMemoryError" in said
     killed = "Root Cause (first observed failure):\n  rank      : 0 (local_rank: 0)\n" \
              "  exitcode  : -9 (pid: 7)\n"
-    assert scaling.failure_sentence(killed, 1).startswith("rank 0 was killed by signal 9")
-    assert "NCCL" in scaling.failure_sentence("RuntimeError: Distributed package doesn't have "
-                                              "NCCL built in", 1)
-    assert scaling.failure_sentence("", 2) == "torchrun exited with 2"
+    assert launcher.failure_sentence(killed, 1).startswith("rank 0 was killed by signal 9")
+    assert "NCCL" in launcher.failure_sentence("RuntimeError: Distributed package doesn't have "
+                                               "NCCL built in", 1)
+    assert launcher.failure_sentence("", 2, who="torchrun") == "torchrun exited with 2"
 
 
-def test_the_command_is_torchrun_with_this_python():
-    cmd = scaling.command("train.py", 4, ["--plan", "{}"])
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert "--standalone" in cmd and "--nproc_per_node=4" in cmd
-    assert cmd[-3:] == [str(Path("train.py").resolve()), "--plan", "{}"]
+def test_a_launch_is_a_torchrun_command_of_the_one_launcher(tmp_path):
+    """What a launch runs: torchrun with this Python (helpers.launch.torchrun), the plan and
+    the result's path after the script; a refused launch starts nothing."""
+    (launch,) = scaling.launch_all([("train.py", 0, {"backend": "gloo"}, tmp_path / "o.json",
+                                     29500)], timeout=5)
+    assert isinstance(launch, launcher.Result) and launch.nproc == 0
+    assert launch.cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--master_port=29500" in launch.cmd and "--nproc_per_node=0" in launch.cmd
+    assert launch.cmd[-5:] == [str(Path("train.py").resolve()), "--plan",
+                               '{"backend": "gloo"}', "--out", str(tmp_path / "o.json")]
+    assert launch.returncode is None and launch.error.startswith("0 ranks cannot start")
+    assert launch.summary().startswith("torchrun, 0 rank(s): FAILED: 0 ranks cannot start")
 
 
 def test_the_script_cell_holds_what_the_chapter_teaches():
@@ -360,11 +368,15 @@ def test_compute_time_from_notebook_05_only_when_it_matches(tmp_path):
                            "tokens_per_s": 32768 / 0.05},
                           {"path": "1b", "status": "not run on this machine"}])
     results.save_table(table, "05_paths", env={"gpu_name": "NVIDIA H200"}, directory=tmp_path)
-    ms, source = scaling.compute_from_05(tmp_path, "NVIDIA H200", 32768)
-    assert ms == 50.0 and "notebook 05" in source
-    assert scaling.compute_from_05(tmp_path, "NVIDIA H200", 16384) is None  # another batch
-    assert scaling.compute_from_05(tmp_path, None, 32768) is None  # another device
-    assert scaling.compute_from_05(tmp_path / "nowhere", "NVIDIA H200", 32768) is None
+    saved = json.loads((tmp_path / "05_paths.json").read_text())  # as notebook 07 reads it
+    ms, source = scaling.compute_from_05(saved, "NVIDIA H200", 32768, tmp_path / "05_paths.json")
+    assert ms == 50.0 and source == (f"notebook 05's path 3, measured on NVIDIA H200 "
+                                     f"({tmp_path / '05_paths.json'})")
+    assert scaling.compute_from_05(saved, "NVIDIA H200", 16384) is None  # another batch
+    assert scaling.compute_from_05(saved, None, 32768) is None  # another device
+    assert scaling.compute_from_05(None, "NVIDIA H200", 32768) is None  # 05 did not run here
+    not_run = dict(saved, rows=[dict(saved["rows"][0], status="not run on this machine")])
+    assert scaling.compute_from_05(not_run, "NVIDIA H200", 32768) is None
 
 
 def test_compare_and_within():

@@ -4,14 +4,14 @@ and the child process that runs the legacy ``apex.amp`` script the notebook writ
 
 Apex removed ``apex.amp`` in 2025, so the course installs the last commit that has it into its
 own folder (``./build_apex.sh --legacy-only``). That folder must never shadow the modern Apex,
-so the legacy script runs in a child process (:func:`launch`) with the folder first on its
-``PYTHONPATH``. The script itself - ``amp.initialize``, ``amp.scale_loss`` and the O0-O3 loop -
-is a cell of the notebook; it uses :class:`Child` to read its plan and write its JSON.
+so the legacy script runs in a child process (:func:`launch`, through the course's one child
+launcher, :mod:`helpers.launch`) with the folder first on its ``PYTHONPATH``. The script itself -
+``amp.initialize``, ``amp.scale_loss`` and the O0-O3 loop - is a cell of the notebook; it uses
+:class:`Child` to read its plan and write its JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import importlib.abc
@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 import warnings
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helpers import bench, errors, run_profile
-from helpers.results import atomic_write_text
+from helpers import launch as launcher
 from helpers.settings import LEGACY_DIR_VAR
 
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
@@ -500,6 +499,20 @@ def check_eps(values) -> tuple[float, ...]:
     return values
 
 
+def plan_problem(plan: dict) -> str:
+    """'' when the child can run ``plan``, else the one sentence why not: an unknown opt level,
+    an eps outside (0, 1)."""
+    bad = [lvl for lvl in plan.get("levels", []) + plan.get("overflow_levels", [])
+           if lvl not in OPT_LEVELS]
+    if bad:
+        return f"unknown opt level {', '.join(bad)}: use {', '.join(OPT_LEVELS)}"
+    try:
+        check_eps(plan.get("o3_eps", []))
+    except errors.CourseError as exc:
+        return str(exc)
+    return ""
+
+
 class Child:
     """The legacy script's side: the plan the launcher passed, amp's import, one level at a
     time (warnings and failures caught, amp reset), and the JSON written at the end."""
@@ -520,23 +533,13 @@ class Child:
 
     @classmethod
     def from_argv(cls, argv: list[str] | None = None) -> Child:
-        """Read ``--plan JSON --out PATH`` (what :func:`launch` passes); refuse unknown levels."""
-        parser = argparse.ArgumentParser(description="the legacy apex.amp script of notebook 04")
-        parser.add_argument("--plan", required=True, help="JSON: config, levels, o3_eps, ...")
-        parser.add_argument("--out", type=Path, required=True, help="the JSON result")
-        args = parser.parse_args(argv)
-        plan = json.loads(args.plan)
-        bad = [lvl for lvl in plan.get("levels", []) + plan.get("overflow_levels", [])
-               if lvl not in OPT_LEVELS]
-        if bad:
-            parser.error(f"unknown opt level {', '.join(bad)}: use {', '.join(OPT_LEVELS)}")
-        try:
-            check_eps(plan.get("o3_eps", []))
-        except errors.CourseError as exc:
-            parser.error(str(exc))
+        """Read ``--plan JSON --out PATH`` (what :func:`launch` passes); refuse, with exit
+        status 2, unknown levels and bad eps values."""
+        plan, out = launcher.read_plan(argv, description="the legacy apex.amp script of "
+                                       "notebook 04", check=plan_problem)
         if torch.cuda.is_available():
             run_profile.cap_gpu_memory()  # the cap holds in the child too
-        return cls(plan, args.out)
+        return cls(plan, out)
 
     @property
     def wants_legacy(self) -> bool:
@@ -633,52 +636,40 @@ class Child:
     def write(self) -> None:
         """Write the JSON result (atomically) for the notebook to read."""
         self.payload["meta"]["seconds"] = time.perf_counter() - self.start
-        atomic_write_text(self.out, json.dumps(self.payload, indent=1) + "\n")
+        launcher.write_result(self.out, self.payload)
 
 
 # ------------------------------------------------------------------ the notebook's side
+PAST_LIMIT = ("the child process ran past {timeout:.0f} s and was stopped with every process it "
+              "started (raise legacy_timeout_s in the parameters cell)")
+
+
 def launch(script: Path | str, cfg: TrainConfig, out: Path | str, *,
            levels: tuple[str, ...] = (), o3_eps: tuple[float, ...] = (),
            overflow_levels: tuple[str, ...] = (), legacy_dir: Path | str | None = None,
            device: str | None = None, timeout: float = 600) -> dict:
-    """Run ``script`` in a child process and return its JSON payload plus ``returncode``,
-    ``seconds``, ``stdout`` and, when it failed, a one-line ``error``. ``legacy_dir`` goes
-    first on its PYTHONPATH (only when legacy runs are asked for), the checkout second."""
-    root = str(Path(__file__).resolve().parent.parent)
+    """Run ``script`` in a child process (:mod:`helpers.launch`) and return its JSON payload
+    plus ``returncode``, ``seconds``, ``stdout`` and ``error``: '' or, when it failed, one
+    sentence with its last error (then ``stderr_tail`` holds the last 20 lines it wrote to
+    stderr). ``legacy_dir`` goes first on its PYTHONPATH (only when legacy runs are asked for),
+    the checkout second."""
     want_legacy = bool(levels or o3_eps or overflow_levels) and legacy_dir is not None
-    parts = ([str(legacy_dir)] if want_legacy else []) + [root]
-    parts += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(parts)))
-    env.pop(LEGACY_DIR_VAR, None)
-    if want_legacy:
-        env[LEGACY_DIR_VAR] = str(legacy_dir)
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+    changes = {LEGACY_DIR_VAR: str(legacy_dir) if want_legacy else None}
+    if not torch.cuda.is_available():
         # On the CPU this process's idle OpenMP threads keep spinning on the same cores for a
         # while; a single-threaded child does not stall on them at its barriers.
-        env["OMP_NUM_THREADS"] = "1"
+        changes["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    env = launcher.child_env(*([legacy_dir] if want_legacy else []), **changes)
     plan = {"config": asdict(cfg), "levels": list(levels), "o3_eps": list(o3_eps),
             "overflow_levels": list(overflow_levels),
             "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
-    out = Path(out)
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, str(script), "--plan", json.dumps(plan), "--out", str(out)]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the child process ran past {timeout:.0f} s and was stopped (raise "
-                         "legacy_timeout_s in the parameters cell)",
-                "returncode": None, "seconds": time.perf_counter() - start, "runs": [],
-                "stdout": ""}
-    seconds = time.perf_counter() - start
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    if proc.returncode != 0 or not out.exists():
-        return {"error": lines[-1] if lines else f"child exited with {proc.returncode}",
-                "returncode": proc.returncode, "seconds": seconds, "runs": [],
-                "stdout": proc.stdout, "stderr_tail": lines[-20:]}
-    payload = json.loads(out.read_text())
-    payload.update(returncode=proc.returncode, seconds=seconds, error="", stdout=proc.stdout)
+    child = launcher.run(launcher.python(script), plan, out, timeout=timeout, env=env,
+                         past_limit=PAST_LIMIT)
+    payload = dict(child.payload) if child.ok else {"runs": []}
+    payload.update(returncode=child.returncode, seconds=child.seconds, error=child.error,
+                   stdout=child.stdout)
+    if not child.ok:
+        payload["stderr_tail"] = [ln for ln in child.stderr.splitlines() if ln.strip()][-20:]
     return payload
 
 

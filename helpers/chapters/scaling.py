@@ -1,39 +1,40 @@
 """Notebook 07's helpers: what the chapter uses but does not teach.
 
-- the launcher: :func:`launch` runs the notebook's training script under ``torchrun`` (``python
-  -m torch.distributed.run``) with a wall-clock limit, checks up front what would fail anyway
-  (:func:`launch_problem`: no NCCL in a CPU-only torch, fewer GPUs than ranks) and turns every
-  failure into one sentence (:func:`failure_sentence`: a port in use, a rank that died and its
-  exit code, a launch that ran past its limit);
-- the script's side: its plan (:func:`read_plan`), the gathered parameters, their checksums, the
-  bytes each rank holds, a timed all-reduce and the rank-0 JSON;
-- the memory and communication model of DDP, ZeRO-1, ZeRO-2 and FSDP2 (ZeRO-3), its tables and
-  its chart, and the equivalence check of a distributed run against one process;
+- the launch: :func:`launch` and :func:`launch_all` run the notebook's training script under
+  torchrun through the course's one child launcher (:mod:`helpers.launch`: ``--plan JSON --out
+  PATH``, a wall-clock limit, every rank stopped past it, a failure in one sentence), after
+  :func:`launch_problem` has refused what would fail anyway (no NCCL in a CPU-only torch, fewer
+  GPUs than ranks); :class:`Launch` reads rank 0's runs and saved weights;
+- the script's side (it reads its plan with ``launch.read_plan``): the gathered parameters,
+  their checksums, the bytes each rank holds, a timed all-reduce, what it ran on;
+- the equivalence check of a distributed run against one process (:func:`compare`);
 - the noise floor: the baseline trained again in the same launch (same seed, and one other
   seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
   verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
+- the memory and communication model of DDP, ZeRO-1, ZeRO-2 and FSDP2 (ZeRO-3), its tables and
+  its chart, the link's datasheet figure, notebook 05's step time (:func:`compute_from_05`, on
+  the table the notebook read);
 - Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
   with ``ast``, never imported) and in this torch.
+
+Why this module is longer than a chapter's usual ~400 lines: each of these parts is notebook
+07's alone (nothing here is imported by another notebook or chapter), and a chapter is one
+module (:mod:`helpers.chapters`); the launcher, the one part other notebooks share, is
+:mod:`helpers.launch`.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib
 import importlib.util
 import inspect
-import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -41,12 +42,13 @@ import torch
 import torch.distributed as dist
 
 from helpers import bench, ceilings, gpt, machine, verdicts
-from helpers.results import atomic_write_text
+from helpers import launch as launcher
 
-ROOT = Path(__file__).resolve().parent.parent
-
-# ------------------------------------------------------------------ the launcher
-LAUNCHER = [sys.executable, "-m", "torch.distributed.run"]  # what the torchrun command runs
+# ------------------------------------------------------------------ the launch
+# Past the deadline: what a stopped launch says.
+PAST_LIMIT = ("the launch ran past {timeout:.0f} s and was stopped with all its ranks (a rank may "
+              "be waiting in a collective for one that never came): raise the timeout, or read "
+              ".stderr")
 
 
 def launch_problem(backend: str, nproc: int) -> str:
@@ -72,42 +74,12 @@ def launch_problem(backend: str, nproc: int) -> str:
     return ""
 
 
-def command(script: Path | str, nproc: int, args: list[str], *, port: int | None = None
-            ) -> list[str]:
-    """The torchrun command line: ``--standalone`` (a free port picked by torchrun) unless a
-    ``port`` is given, then a static rendezvous at 127.0.0.1:port."""
-    where = (["--standalone"] if port is None else
-             ["--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", f"--master_port={port}"])
-    return [*LAUNCHER, *where, f"--nproc_per_node={nproc}", str(Path(script).resolve()), *args]
-
-
-def _child_env() -> dict[str, str]:
-    """This process's environment, the checkout first on PYTHONPATH, one OpenMP thread per
-    rank unless OMP_NUM_THREADS is set (torchrun warns when it is not)."""
-    paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
 @dataclass
-class Launch:
-    """One torchrun launch: the command, how it ended, what it printed, rank 0's JSON."""
+class Launch(launcher.Result):
+    """One torchrun launch (:class:`helpers.launch.Result`) on ``nproc`` ranks: the payload is
+    rank 0's JSON."""
 
-    nproc: int
-    cmd: list[str]
-    out: Path | None = None
-    returncode: int | None = None
-    seconds: float = 0.0
-    stdout: str = ""
-    stderr: str = ""
-    payload: dict = field(default_factory=dict)
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """True when every rank finished and rank 0 wrote its results."""
-        return not self.error
+    nproc: int = 1
 
     def runs(self) -> list[bench.Run]:
         """The payload's training runs (one per variant)."""
@@ -125,49 +97,6 @@ class Launch:
         return f"torchrun, {self.nproc} rank(s): {end} ({self.seconds:.1f} s{kept})"
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (field 22 of /proc/PID/stat), None if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _children(pid: int) -> dict[int, str]:
-    """The processes whose parent is ``pid`` (Linux /proc), with their start times."""
-    found = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found[int(stat.parent.name)] = fields[19]
-    return found
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """End the launcher and every rank it started, by id: SIGTERM to torchrun's process group
-    (it stops its ranks), then SIGKILL; then any rank left, each in a process group of its own."""
-    ranks = _children(proc.pid)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=10)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    for pid, started in ranks.items():
-        if _process_start(pid) == started:  # still the rank it was, not a new process
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def launch(script: Path | str, nproc: int, plan: dict, out: Path | str, *,
            timeout: float = 300, port: int | None = None) -> Launch:
     """Run ``script`` on ``nproc`` ranks with ``--plan JSON --out PATH``; wait at most
@@ -178,109 +107,18 @@ def launch(script: Path | str, nproc: int, plan: dict, out: Path | str, *,
 def launch_all(jobs: list[tuple], *, timeout: float = 300) -> list[Launch]:
     """:func:`launch` for several ``(script, nproc, plan, out)`` at once, each with an optional
     fifth item, its port: every torchrun starts before the first is waited for (on CPUs, one
-    launch's idle time is another's work)."""
-    started = []
-    for script, nproc, plan, out, *port in jobs:
-        port = port[0] if port else None
-        out = Path(out)
-        cmd = command(script, nproc, ["--plan", json.dumps(plan), "--out", str(out)], port=port)
-        result = Launch(nproc, cmd, out)
-        result.error = launch_problem(plan.get("backend", "gloo"), nproc)
-        if result.error:
-            started.append((result, None, None))
-            continue
-        out.unlink(missing_ok=True)
-        logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=logs[0], stderr=logs[1],
-                                text=True, start_new_session=True)
-        started.append((result, proc, logs))
-    begin = time.perf_counter()
-    for result, proc, logs in started:
-        if proc is not None:
-            _finish(result, proc, logs, begin + timeout, timeout)
-    return [result for result, _, _ in started]
-
-
-def _finish(result: Launch, proc: subprocess.Popen, logs: tuple, deadline: float,
-            timeout: float) -> None:
-    """Wait for one launch until ``deadline``, stop it past that, read what it left."""
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-    except subprocess.TimeoutExpired:
-        _stop_group(proc)
-        result.error = (f"the launch ran past {timeout:.0f} s and was stopped with all its "
-                        "ranks (a rank may be waiting in a collective for one that never came): "
-                        "raise the timeout, or read .stderr")
-    result.seconds = time.perf_counter() - (deadline - timeout)
-    for log in logs:
-        log.seek(0)
-    result.stdout, result.stderr = logs[0].read(), logs[1].read()
-    for log in logs:
-        log.close()
-    result.returncode = proc.returncode
-    if not result.error and proc.returncode != 0:
-        result.error = failure_sentence(result.stderr, proc.returncode)
-    elif not result.error and not result.out.exists():
-        result.error = f"every rank exited with 0 but rank 0 wrote no result to {result.out}"
-    if not result.error:
-        result.payload = json.loads(result.out.read_text())
-
-
-_ERROR_LINE = re.compile(r"^(?:\[rank(\d+)\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)$")
-
-
-def _last_said(stderr: str) -> list[str]:
-    """The last line the ranks wrote before torchrun's own report, tracebacks' frames left out
-    (``errors.stop`` in a rank, for one, ends it with its sentence alone)."""
-    said = []
-    for line in stderr.split(" failed (exitcode", 1)[0].splitlines()[:-1]:
-        if line.strip() and not line.startswith((" ", "Traceback", "[W", "W1", "E1", "I1")):
-            said.append(line.strip())
-    return said[-1:]
-
-
-def failure_sentence(stderr: str, returncode: int | None) -> str:
-    """One sentence for a failed launch, read from what torchrun wrote to stderr."""
-    if "EADDRINUSE" in stderr or "address already in use" in stderr.lower():
-        port = re.search(r"port:\s*(\d+)", stderr)
-        where = f"port {port.group(1)}" if port else "the rendezvous port"
-        return (f"{where} is already in use, so torchrun could not open its rendezvous store "
-                f"there (it exited with {returncode}): free the port, pass another one, or "
-                "launch with --standalone, which picks a free port itself")
-    if "NCCL built in" in stderr:
-        return ("this torch has no NCCL (a CPU-only build), so the nccl backend cannot start: "
-                "use backend 'gloo' on the CPU, or install a CUDA build of torch")
-    cause = stderr.split("Root Cause", 1)[1] if "Root Cause" in stderr else ""
-    rank = re.search(r"rank\s*:\s*(\d+)", cause)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", cause)
-    errors = [m for m in map(_ERROR_LINE.match, stderr.splitlines())
-              if m and "ChildFailedError" not in m.group(2)]  # not torchrun's own summary
-    if rank and code:
-        mine = [m.group(2) for m in errors if m.group(1) == rank.group(1)]
-        if not mine:  # a rank that failed before its process group: its lines carry no [rankN]
-            mine = [m.group(2) for m in errors if m.group(1) is None] or _last_said(stderr)
-        killed = int(code.group(1)) < 0
-        how = (f"was killed by signal {-int(code.group(1))}" if killed
-               else f"exited with code {code.group(1)}")
-        said = f"; its last error: {mine[-1][:300]}" if mine else ""
-        return (f"rank {rank.group(1)} {how}, the first failure torchrun saw; it stopped the "
-                f"other ranks and exited with {returncode}{said}")
-    if errors:
-        return f"torchrun exited with {returncode}: {errors[-1].group(2)[:300]}"
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    return f"torchrun exited with {returncode}" + (f": {lines[-1][:300]}" if lines else "")
+    launch's idle time is another's work). One OpenMP thread per rank unless OMP_NUM_THREADS
+    is set (torchrun warns when it is not)."""
+    env = launcher.child_env(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    specs = [launcher.Job(launcher.torchrun(script, nproc, port=port[0] if port else None), plan,
+                          out, env, refused=launch_problem(plan.get("backend", "gloo"), nproc),
+                          past_limit=PAST_LIMIT)
+             for script, nproc, plan, out, *port in jobs]
+    done = launcher.run_all(specs, timeout=timeout)
+    return [Launch(**vars(result), nproc=job[1]) for result, job in zip(done, jobs, strict=True)]
 
 
 # ------------------------------------------------------------------ the script's side
-def read_plan(argv: list[str] | None = None) -> tuple[dict, Path]:
-    """``--plan JSON --out PATH``, what :func:`launch` passes to the script."""
-    parser = argparse.ArgumentParser(description="notebook 07's distributed training script")
-    parser.add_argument("--plan", required=True, help="JSON: model, batch, steps, variants, ...")
-    parser.add_argument("--out", type=Path, required=True, help="rank 0's JSON result")
-    args = parser.parse_args(argv)
-    return json.loads(args.plan), args.out
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a tensor: the local shard of a DTensor, else the tensor."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -354,11 +192,6 @@ def params_path(out: Path | str, variant: str) -> Path:
     out = Path(out)
     name = re.sub(r"[^\w.-]+", "_", variant).strip("_")
     return out.with_name(f"{out.stem}.{name}.pt")
-
-
-def write_result(out: Path, payload: dict) -> None:
-    """Rank 0's JSON, written atomically for the notebook to read."""
-    atomic_write_text(out, json.dumps(payload, indent=1) + "\n")
 
 
 # ------------------------------------------------------------------ correctness
@@ -706,22 +539,24 @@ def datasheet_link(device_name: str | None) -> tuple[float, str]:
     return both / 2, f"datasheet value: {source}, half of it per direction{where}"
 
 
-def compute_from_05(results: Path, device_name: str | None, tokens_per_step: int
-                    ) -> tuple[float, str] | None:
-    """Notebook 05's path-3 step time (ms) and its source, when its table in ``results`` was
-    measured on this device at ``tokens_per_step``; else None."""
-    csv, meta_path = results / "05_paths.csv", results / "05_paths.json"
-    if not csv.exists() or not meta_path.exists():
+def compute_from_05(saved: dict | None, device_name: str | None, tokens_per_step: int,
+                    where: Path | str = "") -> tuple[float, str] | None:
+    """Notebook 05's path-3 step time (ms) and its source (``where``: the file it was read
+    from), from its table as ``results.save_table`` saved it - ``05_paths.json``'s rows and the
+    environment they were measured in; None: notebook 05 did not run into this results folder -
+    when it was measured on this device at ``tokens_per_step``; else None."""
+    table = pd.DataFrame((saved or {}).get("rows", []))
+    if not {"path", "status", "step_ms", "tokens_per_s"} <= set(table.columns):
         return None
-    table = pd.read_csv(csv, dtype={"path": str})
-    row = table[(table["path"] == "3") & (table["status"] == "ran")]
-    env = json.loads(meta_path.read_text()).get("environment", {})
-    if row.empty or (env.get("gpu_name") or None) != (device_name or None):
+    row = table[(table["path"].astype(str) == "3") & (table["status"] == "ran")]
+    measured_on = (saved.get("environment") or {}).get("gpu_name") or None
+    if row.empty or measured_on != (device_name or None):
         return None
     ms, rate = float(row["step_ms"].iloc[0]), float(row["tokens_per_s"].iloc[0])
     if not math.isclose(rate * ms / 1e3, tokens_per_step, rel_tol=1e-6):
         return None
-    return ms, f"notebook 05's path 3, measured on {device_name or 'the CPU'} ({csv})"
+    return ms, (f"notebook 05's path 3, measured on {device_name or 'the CPU'}"
+                + (f" ({where})" if where else ""))
 
 
 # ------------------------------------------------------------------ tables of runs
