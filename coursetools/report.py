@@ -28,7 +28,7 @@ import pandas as pd
 
 from coursetools import runner
 from helpers import environment, machine
-from helpers.results import atomic_write_text, slug
+from helpers.results import atomic_write_text, slug, staging_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = ("gpu_name", "driver", "torch", "cuda", "apex_commit", "course_commit", "date",
@@ -237,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             written = runner.incomplete_dir(out)
             print(f"report: {runner.where_line(out, runs, notebooks)}", file=sys.stderr)
     else:
-        staging = out.with_name(out.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
+        staging = staging_dir(out)  # merged into the report below, not swapped in
         if (out / "results").is_dir():  # the other notebooks' tables, for the ones re-run to read
             shutil.copytree(out / "results", staging / "results")
         runs = []

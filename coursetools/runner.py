@@ -23,6 +23,9 @@ of its ``errors.check_parameters(globals(), {...})`` call, read from its source,
 function's rule: a bool is no number; a tuple reaches the notebook as a list). Where
 ``nvidia-smi`` runs, the GPU memory in use (every process on the GPU, what a smaller card would
 have to hold) is sampled during each notebook and its peak reported.
+
+Longer than 400 lines because it is one command: checking, executing, parameter injection,
+memory sampling and the time table all serve ``make run`` and are tested as one.
 """
 
 from __future__ import annotations

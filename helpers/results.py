@@ -175,7 +175,3 @@ def save_figure(fig, name: str, *, directory: Path | None = None, dpi: int = 120
     fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
     return atomic_write_bytes((directory or results_dir()) / f"{name}.png", buffer.getvalue())
 
-
-# Notebooks 04-06 still call three charts as ``results.<chart>``: they are helpers.charts', and
-# these names go once those notebooks call ``charts.<chart>``.
-from helpers.charts import bar_chart, difference_chart, line_chart  # noqa: E402, F401

@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from helpers import charts, results  # noqa: E402
+from helpers import charts  # noqa: E402
 
 
 def test_value_label_uses_thousands_separators_from_1000_up():
@@ -79,9 +79,3 @@ def test_difference_chart_draws_each_run_minus_the_baseline():
     assert lines["a"] == pytest.approx([0.5, 0.0, -0.1]) and lines["b"] == [0, 0, 0]
     assert "base" not in lines and ax.get_yscale() == "symlog"
     plt.close(ax.figure)
-
-
-def test_results_keeps_the_chart_names_notebooks_04_to_06_still_call():
-    # temporary: one implementation, reachable under its old name until those notebooks move
-    assert (results.bar_chart, results.line_chart, results.difference_chart) == (
-        charts.bar_chart, charts.line_chart, charts.difference_chart)
