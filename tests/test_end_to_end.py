@@ -137,10 +137,12 @@ def test_verdict_names_paths_tied_with_the_fastest():
 def test_verdict_reports_the_peak_memory_of_paths_2_and_3():
     table = _fake_table(50.0, 40.0)
     table["peak_mem_gib"] = [19.7, 10.8, 12.0]
-    assert "Peak memory: path 2 10.80 GiB, path 3 12.00 GiB (1.20 GiB less for path 2)." in \
-        end_to_end.verdict(table, ROLES)
-    table["peak_mem_gib"] = float("nan")  # the CPU measures none: no memory sentence
-    assert "Peak memory" not in end_to_end.verdict(table, ROLES)
+    text = end_to_end.verdict(table, ROLES)
+    assert "and LayerNorm; peak memory: path 2 10.80 GiB, path 3 12.00 GiB (1.20 GiB less for " \
+        "path 2)." in text
+    assert len(text.splitlines()) == 2  # the fastest path, then Apex vs native with its memory
+    table["peak_mem_gib"] = float("nan")  # the CPU measures none: no memory clause
+    assert "peak memory" not in end_to_end.verdict(table, ROLES)
 
 
 def test_verdict_without_the_fp32_baseline_or_any_path():
@@ -163,19 +165,21 @@ def test_the_readings_take_the_paths_from_the_roles_they_are_given():
     assert "fastest path was apex (Apex) at 30.0 ms per step, 10.0% MFU, 10.00x the reference" \
         in text
     assert "Path apex (30 ms) is 1.33x faster than path native (40 ms)" in text
-    assert "Peak memory: path apex 10.80 GiB, path native 12.00 GiB" in text
+    assert "peak memory: path apex 10.80 GiB, path native 12.00 GiB" in text
     # the notebook's keys are not this table's: no Apex verdict, no speedup over a baseline
     assert "no Apex verdict" in end_to_end.verdict(table, ROLES)
     assert "10.00x" not in end_to_end.verdict(table, ROLES)
-    lines = end_to_end.targets(table, GOALS, roles, applies=True).splitlines()
-    assert lines[1] == "path apex >= 5x path fp32: met (10.00x)"
-    assert lines[2].startswith("path apex at most 10% slower than path native: met")
+    goals = end_to_end.targets(table, GOALS, roles, applies=True).set_index("target")
+    assert goals.loc["path apex >= 5x path fp32"].tolist() == ["10.00x", "met"]
+    assert goals.loc["path apex at most 10% slower than path native", "reading"] == "met"
     table = pd.concat([table, pd.DataFrame([{
         "path": "compiled", "label": "Compiled", "status": "ran", "step_ms": 40.2, "mfu": 0.1,
         "tokens_per_s": 1000.0, "final_val_loss": 2.0, "compile_s": 20.0}])], ignore_index=True)
+    closing = end_to_end.summary_table(table, roles).set_index("path")
+    assert closing.loc["apex", ["step_ms", "speedup", "vs_baseline"]].tolist() == [
+        30.0, 10.0, "faster"]
+    assert closing.loc["fp32", "vs_baseline"] == "baseline"
     summary = end_to_end.summary(table, roles, where="X", tokens_per_step=64, steps=10)
-    assert "- path apex (Apex): 30.0 ms/step, 1,000 tokens/s, 10.0% MFU, 10.00x path fp32" in \
-        summary
     assert "never paid back: path compiled was not measurably faster than path native" in summary
 
 
@@ -186,26 +190,34 @@ def test_summary_lists_what_ran_and_omits_what_it_cannot_compute():
         "path": "4", "label": "Compiled", "status": "ran", "step_ms": 30.0, "mfu": 0.2,
         "speedup_vs_fp32": 10.0, "tokens_per_s": 1000.0, "final_val_loss": 2.0,
         "compile_s": 20.0}])], ignore_index=True)
+    closing = end_to_end.summary_table(table, ROLES)
+    assert list(closing["path"]) == ["1", "2", "3", "4"]
+    row = closing.set_index("path").loc["2"]
+    assert row[["step_ms", "tokens_per_s", "mfu", "speedup", "vs_baseline",
+                "final_val_loss"]].tolist() == [50.0, 1000.0, 0.1, 6.0, "faster", 2.02]
     text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
-    assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path):")
-    assert "- path 1 (FP32): 300.0 ms/step, 1,000 tokens/s, 10.0% MFU, val loss 2.000" in text
-    assert "- path 2 (Apex): 50.0 ms/step, 1,000 tokens/s, 10.0% MFU, 6.00x path 1" in text
-    assert "torch.compile took 20.0 s, paid back after 2000 steps" in text
-    assert text.endswith("- fastest: path 4; validation losses spread 1.00%")
+    assert text.startswith("On this run (GPU X, 64 tokens per step, 10 steps per path) the "
+                           "fastest was path 4; validation losses spread 1.00%.")
+    assert text.endswith("torch.compile took 20.0 s, paid back after 2000 steps.")
+    assert len(text.split(". ")) == 2  # two sentences
     noise = verdicts.NoiseFloor((2.0, 2.004))  # a floor of 0.2%: 1% is beyond 2x it
     read = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10,
                               noise=noise)
-    assert read.endswith("spread 1.00%; noise floor 0.20%: beyond noise by 5.0x the floor")
+    assert "spread 1.00%; noise floor 0.20%: beyond noise by 5.0x the floor." in read
     table.loc[3, "step_ms"] = 40.2  # the compiled path no faster than path 3: never paid back
     text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
     assert "never paid back: path 4 was not measurably faster than path 3" in text
+    table.loc[2, "step_ms"] = 300.5  # path 3 level with path 1: no ratio, a tie
+    row = end_to_end.summary_table(table, ROLES).set_index("path").loc["3"]
+    assert row["vs_baseline"] == verdicts.TIE_WORD and pd.isna(row["speedup"])
     table.loc[0, "status"] = "Path 1 skipped: ..."
     table["speedup_vs_fp32"] = float("nan")
-    text = end_to_end.summary(table, ROLES, where="GPU X", tokens_per_step=64, steps=10)
-    assert "nan" not in text and "x path 1" not in text
+    closing = end_to_end.summary_table(table, ROLES)
+    assert set(closing["vs_baseline"]) == {"no baseline"} and closing["speedup"].isna().all()
     table["status"] = "skipped"
     assert "No path ran" in end_to_end.summary(table, ROLES, where="CPU", tokens_per_step=64,
                                                steps=10)
+    assert end_to_end.summary_table(table, ROLES).empty
 
 
 def _targets_table() -> pd.DataFrame:
@@ -218,25 +230,44 @@ def _targets_table() -> pd.DataFrame:
     return table
 
 
+def _readings(goals: pd.DataFrame) -> list[str]:
+    return [f"{t}: {r} ({m})" for t, m, r in goals[["target", "measured", "reading"]].values]
+
+
 def test_targets_mark_each_goal_from_the_numbers():
     table = _targets_table()
-    lines = end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()
-    assert lines[0].startswith("fastest path >= 45% MFU: met (best 46.0%)")
-    assert "path 2 >= 5x path 1: met (5.56x)" in lines[1]
-    assert "path 2 at most 10% slower than path 3: MISSED (step-time ratio 1.125)" in lines[2]
-    assert lines[3].endswith("met (spread 1.50%)")
+    lines = _readings(end_to_end.targets(table, GOALS, ROLES, applies=True))
+    assert lines == ["fastest path >= 45% MFU: met (best 46.0%)",
+                     "path 2 >= 5x path 1: met (5.56x)",
+                     "path 2 at most 10% slower than path 3: MISSED (step-time ratio 1.125)",
+                     "validation losses within 2% of each other: met (spread 1.50%)"]
     table.loc[1, "final_val_loss"] = 2.10
-    assert end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()[3].endswith(
+    assert _readings(end_to_end.targets(table, GOALS, ROLES, applies=True))[3].endswith(
         "MISSED (spread 5.00%)")
-    assert "not evaluated" in end_to_end.targets(table, GOALS, ROLES, applies=False)
+    skipped = end_to_end.targets(table, GOALS, ROLES, applies=False)
+    assert skipped["reading"].str.startswith("not evaluated").all()
+    assert skipped["measured"].iloc[1] == "5.56x"  # the numbers are still shown
     table.loc[1, "step_ms"] = 60.0  # faster than path 3 by any margin still meets it
-    assert "path 2 at most 10% slower than path 3: met (step-time ratio 0.750)" in \
-        end_to_end.targets(table, GOALS, ROLES, applies=True).splitlines()[2]
+    assert _readings(end_to_end.targets(table, GOALS, ROLES, applies=True))[2] == \
+        "path 2 at most 10% slower than path 3: met (step-time ratio 0.750)"
+
+
+def test_targets_read_the_loss_spread_against_the_noise_floor():
+    table = _targets_table()  # a spread of 1.5%
+    wide = verdicts.NoiseFloor((2.0, 2.02))  # a floor of 1%: 1.5% is within 2x it
+    reading = end_to_end.targets(table, GOALS, ROLES, applies=True, noise=wide)["reading"][3]
+    assert reading == "met; the paths cannot be told apart (within noise)"
+    narrow = verdicts.NoiseFloor((2.0, 2.002))  # 0.1%: 1.5% is beyond noise
+    goals = end_to_end.targets(table, GOALS, ROLES, applies=True, noise=narrow)
+    assert goals["reading"][3] == "met" and "beyond noise" in goals["measured"][3]
+    table.loc[1, "status"] = "skipped"
+    goals = end_to_end.targets(table, GOALS, ROLES, applies=True)
+    assert goals["reading"][1:3].tolist() == ["not measured here"] * 2
 
 
 def test_targets_are_held_to_the_goals_they_are_given():
     stricter = end_to_end.Targets(mfu=0.50, speedup=6.0, slower=0.15, val_loss=0.01)
-    lines = end_to_end.targets(_targets_table(), stricter, ROLES, applies=True).splitlines()
+    lines = _readings(end_to_end.targets(_targets_table(), stricter, ROLES, applies=True))
     assert lines == ["fastest path >= 50% MFU: MISSED (best 46.0%)",
                      "path 2 >= 6x path 1: MISSED (5.56x)",
                      "path 2 at most 15% slower than path 3: met (step-time ratio 1.125)",
@@ -256,23 +287,33 @@ def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
     row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
     row.update({f"{k}_ms": 4.0 for k in kernels.NAMES if k not in ("matmul", "attention")})
     row.update(matmul_ms=25.0, attention_ms=5.0)
-    text = end_to_end.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
+    limits = end_to_end.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
+    parts = limits.set_index("part")
+    assert list(parts.index) == ["parameter matmuls", "attention", "everything else"]
+    assert set(limits["path"]) == {"4"}
     mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
-    assert f"at {mm_rate:.0f} TFLOP/s, {mm_rate / 780:.0%} of the measured" in text
-    assert "path 4 (compiled" in text and "20.0 ms (40%)" in text and "idle GPU" in text
+    assert parts.loc["parameter matmuls", "tflops"] == pytest.approx(mm_rate)
+    assert parts.loc["parameter matmuls", "vs_matmul_ceiling"] == pytest.approx(mm_rate / 780)
+    assert parts.loc["attention", "vs_peak"] == pytest.approx(att * tokens / 5e-3 / 1e12 / 989)
+    assert parts.loc["everything else", ["ms", "share_of_step"]].tolist() == [20.0, 0.4]
+    assert pd.isna(parts.loc["everything else", "tflops"])
     bound = fpt * tokens / 30e-3 / 1e12 / 989
-    assert f"would reach {bound:.0%} MFU" in text
-    assert "not measured" in end_to_end.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0)
+    text = end_to_end.mfu_bound(limits, table, 989.0)
+    assert text.startswith("Path 4 (compiled, 38.0% MFU) spends 40% of its step outside")
+    assert f"it would reach {bound:.0%} MFU of the 989 TFLOP/s peak" in text
+    assert end_to_end.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0).empty
+    assert "not read here" in end_to_end.mfu_bound(
+        end_to_end.mfu_limits(pd.DataFrame(), table, cfg, tokens, 989.0), table, 989.0)
 
 
 def test_an_mfu_above_its_peak_is_never_repeated_by_the_readings():
     table = _fake_table(50.0, 40.0)
     table["mfu"] = [0.1, 1.6, 1.7]  # the CHECK line has called these impossible
     table["tokens_per_s"], table["final_val_loss"] = 1000.0, [2.0, 2.02, 2.01]
-    for text in (end_to_end.verdict(table, ROLES),
-                 end_to_end.summary(table, ROLES, where="X", tokens_per_step=64, steps=10),
-                 end_to_end.targets(table, GOALS, ROLES, applies=True)):
+    goals = end_to_end.targets(table, GOALS, ROLES, applies=True).to_string()
+    for text in (end_to_end.verdict(table, ROLES), goals):
         assert "160" not in text and "170" not in text and "above 100%" in text
+    assert end_to_end.summary_table(table, ROLES)["mfu"][1:].isna().all()  # not shown
 
 
 # ------------------------------------------------------------------ notebook 05's own values

@@ -489,3 +489,24 @@ def test_child_refuses_an_apex_from_elsewhere(script, fake_apex, tmp_path, monke
                                 legacy_dir=tmp_path / "elsewhere", device="cpu", timeout=300)
     assert "not from the legacy install" in payload["import_error"], payload
     assert not legacy_amp.runs_of(payload)[-1].ok
+
+
+def test_summary_table_reads_each_run_against_fp32():
+    def run(label, losses, ms=1.0):
+        return bench.Run(label, "cpu", losses=losses, step_ms=[ms] * len(losses), warmup=0)
+
+    base = run("fp32", [4.0] * 10 + [1.0] * 10, ms=10.0)
+    close = run("bf16", [4.0] * 10 + [1.015] * 10, ms=5.0)  # +1.5%: within 2%
+    far = run("O3", [4.0] * 10 + [1.05] * 10)  # +5%: outside
+    broken = run("O3 eps", [4.0] + [float("nan")] * 19)
+    failed = legacy_amp.failed_run("O1", "apex.amp (legacy)", "O1", "boom", "cpu")
+    table = legacy_amp.summary_table([base, close, far, broken, failed], base, 0.02)
+    assert list(table.columns) == legacy_amp.SUMMARY_COLUMNS
+    assert list(table["run"]) == ["fp32", "bf16", "O3", "O3 eps"]  # the failed run is left out
+    by = table.set_index("run")
+    assert by.loc["bf16", "step_ms"] == 5.0
+    assert by.loc["bf16", "vs_fp32"] == pytest.approx(0.015)
+    assert by.loc["bf16", "vs_fp32_pct"] == pytest.approx(1.5)
+    assert by["within_tolerance"].tolist() == [True, True, False, False]
+    assert not by.loc["O3 eps", "finite"] and by.loc["O3", "finite"]
+    assert legacy_amp.summary_table([base, far], base, 0.06)["within_tolerance"].all()

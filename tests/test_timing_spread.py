@@ -114,29 +114,34 @@ def test_04_noisy_step_times_are_not_a_speedup_over_fp32():
     # the first run: fp16_master_weights 6.43 ms against fp32 108 ms, wide IQRs
     times = run_rows(fp32=(108.0, 20.0, 130.0), fp16_master_weights=(6.43, 2.0, 9.0),
                      autocast_fp16=(50.0, 48.0, 52.0))
-    lines = legacy_amp.speed_readings(times, "fp32", [("fp32", "fp16_master_weights")], "cpu")
-    assert lines[0].startswith("Fastest step on this run: none on this run")
-    assert all("faster" not in line and "slower" not in line for line in lines)
-    assert all("cannot be told apart on this run" in line for line in lines[1:])
-    assert "cold caches or a busy machine" in lines[1]
-    assert "among the fastest" not in " ".join(lines)  # a noisy tie is not "did not pay off"
+    table = legacy_amp.speed_table(times, "fp32", [("fp32", "fp16_master_weights")])
+    assert legacy_amp.speed_reading(times, "fp32", "cpu").startswith(
+        "Fastest step on this run: none on this run")
+    assert (table["verdict"] == verdicts.TIE_WORD).all() and len(table) == 2
+    assert table["why"].str.contains("cold caches or a busy machine").all()
+    # a noisy tie is not "did not pay off"
+    assert "among the fastest" not in legacy_amp.speed_reading(times, "fp32", "cpu")
 
 
 def test_04_clear_step_times_still_compare():
     times = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(5.0, 4.9, 5.1))
-    lines = legacy_amp.speed_readings(times, "fp32", [], "cuda")
-    assert lines == ["Fastest step on this run: autocast_fp16.",
-                     "autocast_fp16 (5 ms) is 2.00x faster than fp32 (10 ms)."]
+    table = legacy_amp.speed_table(times, "fp32", [])
+    assert legacy_amp.speed_reading(times, "fp32", "cuda") == \
+        "Fastest step on this run: autocast_fp16."
+    assert table[["run", "vs", "verdict", "speedup"]].values.tolist() == [
+        ["autocast_fp16", "fp32", "faster", 2.0]]
     tie = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(10.1, 10.0, 10.2))
-    assert "fp32 itself is among the fastest" in legacy_amp.speed_readings(
-        tie, "fp32", [], "cuda")[1]
+    assert "; fp32 itself is among the fastest" in legacy_amp.speed_reading(tie, "fp32", "cuda")
+    assert legacy_amp.speed_table(tie, "fp32", [])["verdict"].tolist() == [verdicts.TIE_WORD]
     assert legacy_amp.fastest_step(tie).startswith("fp32 (cannot be told apart")
 
 
 def test_04_overlapping_pair_is_not_a_speedup():
     times = run_rows(old=(10.0, 9.0, 11.0), new=(11.0, 10.5, 12.0), fp32=(20.0, 19.8, 20.2))
-    line = legacy_amp.speed_readings(times, "fp32", [("old", "new")], "cuda")[-1]
-    assert line.endswith("cannot be told apart on this run (IQRs overlap).")
+    table = legacy_amp.speed_table(times, "fp32", [("old", "new"), ("old", "absent")])
+    row = table.iloc[-1]
+    assert len(table) == 2 and (row["run"], row["vs"]) == ("new", "old")
+    assert (row["verdict"], row["why"]) == (verdicts.TIE_WORD, "IQRs overlap")
 
 
 # ------------------------------------------------------------------ ceilings

@@ -11,10 +11,14 @@ one) and the goals it is held to (:class:`Targets`) are the notebook's, passed i
   stacked chart (:func:`breakdown_chart`) and two paths' difference explained
   (:func:`compare_breakdown`);
 - the readings, all computed from the run's tables: the verdict (:func:`verdict`, step times by
-  the tie rule of :mod:`helpers.verdicts`), each target met or missed (:func:`targets`), what
-  holds the fastest path's MFU down (:func:`mfu_limits`) and the closing lines
-  (:func:`summary`), with the validation losses read against the run's noise floor
+  the tie rule of :mod:`helpers.verdicts`), the table of targets met or missed
+  (:func:`targets`), the table of what holds the fastest path's MFU down (:func:`mfu_limits`,
+  read by :func:`mfu_bound`) and the closing table of the paths (:func:`summary_table`, read
+  by :func:`summary`), with the validation losses read against the run's noise floor
   (:func:`loss_reading`).
+
+It is over 400 lines because each reading comes with the table it reads: splitting the tables
+from their sentences would leave one half checking numbers the other half formats.
 """
 
 from __future__ import annotations
@@ -197,8 +201,8 @@ def fastest_paths(table: pd.DataFrame) -> list[str]:
 
 
 def verdict(table: pd.DataFrame, roles: Roles) -> str:
-    """Sentences built from the run's numbers: fastest path, Apex vs native (step time through
-    ``verdicts.compare``, and peak memory), against the baseline when it ran."""
+    """Two sentences built from the run's numbers: the fastest path (against the baseline when
+    it ran), then Apex vs native (step time through ``verdicts.compare``, and peak memory)."""
     ran = table[table["status"] == "ran"]
     if ran.empty:
         return "No path ran, so there is nothing to compare."
@@ -224,17 +228,18 @@ def verdict(table: pd.DataFrame, roles: Roles) -> str:
         faster = ms_a < ms_n and not verdicts.is_tie(ms_a, ms_n, a_iqr=iqr_a, b_iqr=iqr_n)
         compared = verdicts.compare(f"Path {apex}", ms_a, f"path {native}", ms_n, a_iqr=iqr_a,
                                     b_iqr=iqr_n)
-        lines.append(f"{compared}: on this GPU Apex's FusedAdam and fused LayerNorm are "
-                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
-                     "and LayerNorm.")
+        memory = ""
         mem_a = float(ra.get("peak_mem_gib", math.nan))
         mem_n = float(rn.get("peak_mem_gib", math.nan))
         if not (math.isnan(mem_a) or math.isnan(mem_n)):
             diff = mem_a - mem_n
             how = ("the same" if abs(diff) < 0.005 else
                    f"{abs(diff):.2f} GiB {'less' if diff < 0 else 'more'} for path {apex}")
-            lines.append(f"Peak memory: path {apex} {mem_a:.2f} GiB, path {native} "
-                         f"{mem_n:.2f} GiB ({how}).")
+            memory = (f"; peak memory: path {apex} {mem_a:.2f} GiB, path {native} "
+                      f"{mem_n:.2f} GiB ({how})")
+        lines.append(f"{compared}: on this GPU Apex's FusedAdam and fused LayerNorm are "
+                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
+                     f"and LayerNorm{memory}.")
     else:
         lines.append("Apex and native could not both run here, so there is no Apex verdict.")
     return "\n".join(lines)
@@ -257,118 +262,176 @@ def loss_reading(table: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
 
 
 def targets(table: pd.DataFrame, goals: Targets, roles: Roles, *, applies: bool,
-            noise: verdicts.NoiseFloor | None = None) -> str:
-    """Each of ``goals`` marked met / missed / not measured, with the number; the loss target is
-    printed beside the noise floor measured in the same run (when given). ``applies``: whether
-    this run is one the goals are set for. The Apex path's speedup is the table's
-    ``speedup_vs_fp32`` (``gpt.paths_table`` with ``baseline=roles.baseline``)."""
-    if not applies:
-        return ("The course's targets (MFU, Apex vs FP32 and native) are set for the full "
-                "profile on a GPU; this run is not one, so they are not evaluated.")
+            noise: verdicts.NoiseFloor | None = None) -> pd.DataFrame:
+    """One row per goal of ``goals``: the ``target``, what this run ``measured`` and the
+    ``reading`` - "met", "MISSED", "not measured here" or, for the loss target, "cannot be told
+    apart" when the spread is within the noise floor measured in the same run (``noise``).
+    ``applies``: whether this run is one the goals are set for; where it is not, every reading
+    is "not evaluated" and the measured column still shows this run's numbers. The Apex path's
+    speedup is the table's ``speedup_vs_fp32`` (``gpt.paths_table`` with
+    ``baseline=roles.baseline``)."""
     by = table[table["status"] == "ran"].set_index("path")
     base, apex, native = roles.baseline, roles.apex, roles.native
+    rows = []
 
-    def mark(ok: bool | None) -> str:
-        return "not measured here" if ok is None else ("met" if ok else "MISSED")
+    def add(target: str, measured: str, ok: bool | None, reading: str | None = None) -> None:
+        if not applies:
+            reading = "not evaluated (set for the full profile on a GPU)"
+        elif reading is None:
+            reading = "not measured here" if ok is None else ("met" if ok else "MISSED")
+        rows.append({"target": target, "measured": measured, "reading": reading})
 
     mfu_goal = f"fastest path >= {goals.mfu:.0%} MFU"
     best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
     if best > 1.0:
-        lines = [f"{mfu_goal}: not measured here (an MFU above 100%: see the CHECK line)"]
+        add(mfu_goal, "MFU above 100% (see the CHECK line)", None)
     else:
-        lines = [f"{mfu_goal}: {mark(None if math.isnan(best) else best >= goals.mfu)} "
-                 f"(best {best:.1%})"]
+        add(mfu_goal, "-" if math.isnan(best) else f"best {best:.1%}",
+            None if math.isnan(best) else bool(best >= goals.mfu))
     speedup_goal = f"path {apex} >= {goals.speedup:g}x path {base}"
     if {base, apex} <= set(by.index):
-        x = by.loc[apex, "speedup_vs_fp32"]
-        lines.append(f"{speedup_goal}: {mark(x >= goals.speedup)} ({x:.2f}x)")
+        x = float(by.loc[apex, "speedup_vs_fp32"])
+        add(speedup_goal, f"{x:.2f}x", bool(x >= goals.speedup))
     else:
-        lines.append(f"{speedup_goal}: not measured here")
+        add(speedup_goal, "-", None)
     slower_goal = f"path {apex} at most {goals.slower:.0%} slower than path {native}"
     if {apex, native} <= set(by.index):
-        r = by.loc[apex, "step_ms"] / by.loc[native, "step_ms"]
-        lines.append(f"{slower_goal}: {mark(r <= 1 + goals.slower)} (step-time ratio {r:.3f})")
+        r = float(by.loc[apex, "step_ms"] / by.loc[native, "step_ms"])
+        add(slower_goal, f"step-time ratio {r:.3f}", bool(r <= 1 + goals.slower))
     else:
-        lines.append(f"{slower_goal}: not measured here")
+        add(slower_goal, "-", None)
+    loss_goal = f"validation losses within {goals.val_loss:.0%} of each other"
     spread = val_loss_spread(table)
     if math.isnan(spread):
-        lines.append(f"validation losses within {goals.val_loss:.0%}: not measured here")
+        add(loss_goal, "-", None)
     else:
-        lines.append(f"validation losses within {goals.val_loss:.0%} of each other: "
-                     f"{mark(spread <= goals.val_loss)} ({loss_reading(table, noise)})")
-    return "\n".join(lines)
+        met = spread <= goals.val_loss
+        within = noise is not None and not verdicts.beyond_noise(spread, noise.floor)
+        add(loss_goal, loss_reading(table, noise), met,
+            ("met; " if met else "MISSED; ") + "the paths cannot be told apart (within noise)"
+            if within else None)
+    return pd.DataFrame(rows, columns=["target", "measured", "reading"])
 
 
 def _rate(tflops: float) -> str:
     return f"{tflops:.0f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
 
 
+LIMITS_COLUMNS = ["path", "part", "ms", "share_of_step", "tflop_per_step", "tflops",
+                  "vs_matmul_ceiling", "vs_peak"]
+
+
 def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: gpt.GPTConfig,
                tokens_per_step: int, peak_tflops: float,
-               matmul_ceiling_tflops: float | None = None) -> str:
-    """What holds the fastest profiled path's MFU down, from its kernel-time breakdown.
+               matmul_ceiling_tflops: float | None = None) -> pd.DataFrame:
+    """What holds the fastest profiled path's MFU down, from its kernel-time breakdown: one row
+    per part of its step - the parameter matmuls, attention, everything else - with its time,
+    its share of the step, the FLOPs it does per step, its rate, and that rate over the
+    measured bf16 matmul ceiling and over the peak. Empty where no path was profiled, or where
+    the fastest one's MFU is above 100% (the peak it is measured against is then wrong).
 
     FLOPs counted as in ``gpt.flops_per_token``: the parameter matmuls 6 N per token and
     attention 6 L d T per token. Everything else the step runs (norms, element-wise, optimizer,
-    copies) does no counted FLOPs, so its time is time the tensor cores are idle."""
+    copies, an idle GPU) does no counted FLOPs, so its time is time the tensor cores are idle."""
     ran = table[table["status"] == "ran"]
     profiled = ran[ran["path"].isin(set(breakdown["path"]))] if not breakdown.empty else ran[:0]
     if profiled.empty:
-        return "No path was profiled, so what limits MFU is not measured here."
+        return pd.DataFrame(columns=LIMITS_COLUMNS)
     fastest = profiled.loc[profiled["step_ms"].idxmin()]
+    if not float(fastest["mfu"]) <= 1.0:
+        return pd.DataFrame(columns=LIMITS_COLUMNS)
     row = breakdown.set_index("path").loc[fastest["path"]]
     attention_per_token = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
-    matmul_flops = (gpt.flops_per_token(cfg) - attention_per_token) * tokens_per_step
-    attention_flops = attention_per_token * tokens_per_step
     step_ms = float(row["step_ms"])
     mm_ms, att_ms = float(row["matmul_ms"]), float(row["attention_ms"])
-    rest_ms = step_ms - mm_ms - att_ms
-    if not float(fastest["mfu"]) <= 1.0:
-        return (f"What limits path {fastest['path']}'s MFU is not read here: its MFU is above "
-                "100% (see the CHECK line), so the peak it is measured against is wrong.")
-    lines = [f"What limits path {fastest['path']} ({fastest['label']}, "
-             f"{mfu_text(fastest['mfu'])}), per step of {step_ms:.1f} ms:"]
-    if mm_ms > 0:
-        rate = matmul_flops / (mm_ms * 1e-3) / 1e12
-        ceiling = (f", {rate / matmul_ceiling_tflops:.0%} of the measured bf16 matmul ceiling"
-                   if matmul_ceiling_tflops else "")
-        lines.append(f"- parameter matmuls: {mm_ms:.1f} ms ({mm_ms / step_ms:.0%} of the step) "
-                     f"at {_rate(rate)}{ceiling}, {rate / peak_tflops:.0%} of the "
-                     f"{_rate(peak_tflops)} peak")
-    if att_ms > 0:
-        rate = attention_flops / (att_ms * 1e-3) / 1e12
-        lines.append(f"- attention: {att_ms:.1f} ms ({att_ms / step_ms:.0%}) at {_rate(rate)}")
-    others = {k: float(row[f"{k}_ms"]) for k in kernels.NAMES if k not in ("matmul", "attention")}
-    top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(others.items(), key=lambda kv: -kv[1]))
-    what = ("kernels that do no counted FLOPs, or an idle GPU" if row.get("device") == "cuda"
-            else "operators that do no counted FLOPs, or time outside operators")
-    lines.append(f"- everything else: {rest_ms:.1f} ms ({rest_ms / step_ms:.0%}) of {what} "
-                 f"(ms: {top}; gap {float(row['gap_ms']):.1f})")
-    if mm_ms + att_ms > 0:
-        bound = (matmul_flops + attention_flops) / ((mm_ms + att_ms) * 1e-3) / 1e12 / peak_tflops
-        lines.append(f"Even if everything else took no time, this path would reach {bound:.0%} "
-                     "MFU; the rest of the distance to the peak is the matmul and attention "
-                     "kernels' own.")
-    return "\n".join(lines)
+    parts = [("parameter matmuls", mm_ms,
+              (gpt.flops_per_token(cfg) - attention_per_token) * tokens_per_step),
+             ("attention", att_ms, attention_per_token * tokens_per_step),
+             ("everything else", step_ms - mm_ms - att_ms, 0.0)]
+    rows = []
+    for part, ms, flops in parts:
+        rate = flops / (ms * 1e-3) / 1e12 if ms > 0 and flops else math.nan
+        rows.append({"path": str(fastest["path"]), "part": part, "ms": ms,
+                     "share_of_step": ms / step_ms, "tflop_per_step": flops / 1e12,
+                     "tflops": rate,
+                     "vs_matmul_ceiling": (rate / matmul_ceiling_tflops
+                                           if matmul_ceiling_tflops and flops else math.nan),
+                     "vs_peak": rate / peak_tflops if flops else math.nan})
+    return pd.DataFrame(rows, columns=LIMITS_COLUMNS)
+
+
+def mfu_bound(limits: pd.DataFrame, table: pd.DataFrame, peak_tflops: float) -> str:
+    """The reading of :func:`mfu_limits`: the MFU the path would reach if everything but its
+    matmuls and attention took no time."""
+    if limits.empty:
+        return ("What limits MFU is not read here: no path was profiled, or the fastest one's "
+                "MFU is above 100% (see the CHECK line).")
+    key = limits["path"].iloc[0]
+    path = table.set_index("path").loc[key]
+    counted = limits[limits["tflop_per_step"] > 0]
+    seconds = counted["ms"].sum() / 1e3
+    if seconds <= 0:
+        return f"Path {key}'s profile holds no matmul or attention time to read."
+    bound = counted["tflop_per_step"].sum() / seconds / peak_tflops
+    rest = limits.loc[limits["part"] == "everything else", "share_of_step"].iloc[0]
+    return (f"Path {key} ({path['label']}, {mfu_text(path['mfu'])}) spends {rest:.0%} of its "
+            f"step outside the matmuls and attention; even if that took no time it would reach "
+            f"{bound:.0%} MFU of the {_rate(peak_tflops)} peak, and the rest of the distance is "
+            "the matmul and attention kernels' own.")
+
+
+SUMMARY_COLUMNS = ["path", "label", "step_ms", "tokens_per_s", "mfu", "speedup", "vs_baseline",
+                   "final_val_loss"]
+
+
+def summary_table(table: pd.DataFrame, roles: Roles) -> pd.DataFrame:
+    """One row per path that ran: step time, tokens/s, MFU (NaN where above 100%: see the CHECK
+    line), its speed-up over the baseline and the tie rule's reading of it (``vs_baseline``:
+    "faster", "slower" or "cannot tell apart", never a ratio of two timings it cannot separate:
+    ``speedup`` is NaN then), and the validation loss."""
+    ran = table[table["status"] == "ran"]
+    rows = []
+    base = roles.baseline
+    timings = ran.rename(columns={"step_ms": "median_ms", "step_ms_q1": "q1_ms",
+                                  "step_ms_q3": "q3_ms"})
+    pairs = verdicts.comparison_table(timings, [(k, base) for k in ran["path"] if k != base],
+                                      key="path").set_index("path")
+    for _, row in ran.iterrows():
+        key = row["path"]
+        if key == base:
+            speedup, reading = 1.0, "baseline"
+        elif key in pairs.index:
+            pair = pairs.loc[key]
+            reading = pair["verdict"]
+            speedup = math.nan if reading == verdicts.TIE_WORD else float(pair["speedup"])
+        else:
+            speedup, reading = math.nan, "no baseline"
+        mfu = float(row.get("mfu", math.nan))
+        rows.append({"path": key, "label": row["label"], "step_ms": float(row["step_ms"]),
+                     "tokens_per_s": float(row.get("tokens_per_s", math.nan)),
+                     "mfu": mfu if mfu <= 1.0 else math.nan, "speedup": speedup,
+                     "vs_baseline": reading,
+                     "final_val_loss": float(row.get("final_val_loss", math.nan))})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 def summary(table: pd.DataFrame, roles: Roles, *, where: str, tokens_per_step: int, steps: int,
             noise: verdicts.NoiseFloor | None = None) -> str:
-    """The notebook's closing lines: every path that ran, compile payback, fastest, loss spread
-    (against the noise floor when given). Speedups over the baseline are left out where it did
-    not run."""
+    """The notebook's closing reading of :func:`summary_table`, in at most two sentences: the
+    fastest path and the validation-loss spread (against the noise floor when given), then
+    whether compiling paid back its compile time against the native path."""
     ran = table[table["status"] == "ran"]
     if ran.empty:
         return f"No path ran on this run ({where}), so there is nothing to summarise."
     by_path = ran.set_index("path")
-    base, native, compiled = roles.baseline, roles.native, roles.compiled
-    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path):"]
-    for key, row in by_path.iterrows():
-        versus = ("" if key == base or base not in by_path.index else
-                  speedup_text(row, by_path.loc[base], f"path {base}"))
-        lines.append(f"- path {key} ({row['label']}): {row['step_ms']:.1f} ms/step, "
-                     f"{row['tokens_per_s']:,.0f} tokens/s, {mfu_text(row['mfu'])}{versus}, "
-                     f"val loss {row['final_val_loss']:.3f}")
+    native, compiled = roles.native, roles.compiled
+    tied = fastest_paths(table)
+    fastest = f"path {tied[0]}" + (f" (cannot be told apart from {', '.join(tied[1:])})"
+                                   if len(tied) > 1 else "")
+    spread = val_loss_spread(table)
+    losses = "" if math.isnan(spread) else f"; validation losses {loss_reading(table, noise)}"
+    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path) "
+             f"the fastest was {fastest}{losses}."]
     if {native, compiled} <= set(by_path.index):
         rn, rc = by_path.loc[native], by_path.loc[compiled]
         saved_s = (rn["step_ms"] - rc["step_ms"]) / 1e3
@@ -377,11 +440,5 @@ def summary(table: pd.DataFrame, roles: Roles, *, where: str, tokens_per_step: i
         payback = (f"paid back after {rc['compile_s'] / saved_s:.0f} steps" if saved_s > 0
                    and not tie else f"never paid back: path {compiled} was not measurably "
                    f"faster than path {native}")
-        lines.append(f"- torch.compile took {rc['compile_s']:.1f} s, {payback}")
-    tied = fastest_paths(table)
-    fastest = f"path {tied[0]}" + (f" (cannot be told apart from {', '.join(tied[1:])})"
-                                   if len(tied) > 1 else "")
-    spread = val_loss_spread(table)
-    losses = "" if math.isnan(spread) else f"; validation losses {loss_reading(table, noise)}"
-    lines.append(f"- fastest: {fastest}{losses}")
-    return "\n".join(lines)
+        lines.append(f"torch.compile took {rc['compile_s']:.1f} s, {payback}.")
+    return " ".join(lines)

@@ -279,36 +279,60 @@ def fastest_step(times) -> str:
     return verdicts.fastest_reading(times, key="run")
 
 
-def speed_readings(times, base: str, pairs: list[tuple[str, str]], where: str) -> list[str]:
-    """Section 7's sentences from the step times of the runs that trained (rows of
-    :meth:`helpers.bench.Run.row`): the fastest, the fastest other run against ``base`` (fp32),
-    and each measured (old, new) pair read as new against old. Each comparison reads the two
-    distributions (:func:`helpers.verdicts.compare`): overlapping IQRs, medians within 3% or a
-    spread too wide for its median give 'cannot be told apart on this run' and why, never a
-    ratio."""
+def speed_table(times, base: str, pairs: list[tuple[str, str]]):
+    """Section 7's table from the step times of the runs that trained (rows of
+    :meth:`helpers.bench.Run.row`): the fastest run other than ``base`` (fp32) against ``base``,
+    then each measured (old, new) pair read as new against old, one row each
+    (:func:`helpers.verdicts.comparison_table`): overlapping IQRs, medians within 3% or a spread
+    too wide for its median give 'cannot tell apart' and why, never a ratio read as a finding."""
     from helpers import verdicts
 
-    def iqr(name):
-        r = times.loc[times["run"] == name].iloc[0]
-        return float(r.median_ms), (float(r.q1_ms), float(r.q3_ms))
-
-    lines = [f"Fastest step on this run: {fastest_step(times)}."]
     ranked = [str(n) for n in times.sort_values("median_ms")["run"]]
     others = [n for n in ranked if n != base]
-    if base in ranked and others:
-        other = others[0]  # the fastest run other than fp32
-        noisy = any(verdicts.too_noisy(*iqr(n)) for n in (other, base))
-        if not noisy and base in verdicts.tied_with_fastest(times, key="run"):
-            lines.append(f"{base} itself is among the fastest: lower precision did not "
-                         f"measurably pay off at these sizes on {where}.")
-        else:
-            lines.append(verdicts.compare_rows(times, other, base, key="run") + ".")
-    elif base in ranked:
-        lines.append(f"Only {base} is in the comparison: nothing to compare it with.")
-    for old, new in pairs:
-        if {old, new} <= set(ranked):
-            lines.append(verdicts.compare_rows(times, new, old, key="run") + ".")
-    return lines
+    wanted = [(others[0], base)] if base in ranked and others else []
+    wanted += [(new, old) for old, new in pairs if {old, new} <= set(ranked)]
+    return verdicts.comparison_table(times, wanted, key="run")
+
+
+def speed_reading(times, base: str, where: str) -> str:
+    """Section 7's one sentence: the fastest step by the tie rule (:func:`fastest_step`), and,
+    when ``base`` (fp32) cannot be told apart from it with clear timings, that lower precision
+    did not measurably pay off here."""
+    from helpers import verdicts
+
+    text = f"Fastest step on this run: {fastest_step(times)}"
+    by = times.set_index("run")
+    clear = base in by.index and not any(
+        verdicts.too_noisy(float(r.median_ms), verdicts.row_iqr(r)) for _, r in by.iterrows())
+    if clear and len(by) > 1 and base in verdicts.tied_with_fastest(times, key="run"):
+        text += (f"; {base} itself is among the fastest, so lower precision did not measurably "
+                 f"pay off at these sizes on {where}")
+    return text + "."
+
+
+SUMMARY_COLUMNS = ["run", "step_ms", "step_iqr_ms", "final_loss", "vs_fp32", "vs_fp32_pct",
+                   "finite", "learned", "within_tolerance"]
+
+
+def summary_table(runs: list[bench.Run], base: bench.Run, tolerance: float):
+    """The closing table: one row per run that ran - its median step time and IQR, its final
+    loss, the difference to ``base`` (fp32) in nats and in percent, finite, learned, and
+    whether it ended within ``tolerance`` (a fraction) of fp32's final loss."""
+    import pandas as pd
+
+    rows = []
+    for r in runs:
+        if not r.ok:
+            continue
+        row = r.row()
+        diff = r.final_loss - base.final_loss
+        rows.append({"run": r.label, "step_ms": row["step_ms"], "step_iqr_ms": row["step_iqr_ms"],
+                     "final_loss": r.final_loss, "vs_fp32": diff,
+                     "vs_fp32_pct": 100 * diff / base.final_loss, "finite": r.finite,
+                     "learned": r.learned,
+                     "within_tolerance": bool(r.finite and abs(diff)
+                                              <= tolerance * base.final_loss)})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
 # ------------------------------------------------------------------ checks
