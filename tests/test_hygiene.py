@@ -316,3 +316,21 @@ def test_the_core_never_imports_a_chapter_and_no_chapter_another():
                     and parts[2] != mine:
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not wrong, "; ".join(wrong)
+
+
+LONG_MODULE_LINES = 400
+# a sentence of the docstring says why it is long: "Longer than 400 lines because ...", "Why
+# this module is over 400 lines: ..."
+LONG_REASON = re.compile(r"(?i)\b(why|because)\b[^.]*\blines\b|\blines\b[^.]*\bbecause\b")
+
+
+def test_a_long_module_says_why_in_its_docstring():
+    """No module of the course over about 400 lines without the reason in its docstring."""
+    unexplained = []
+    for path in sorted([*ROOT.glob("helpers/**/*.py"), *ROOT.glob("coursetools/**/*.py")]):
+        text = path.read_text()
+        if len(text.splitlines()) > LONG_MODULE_LINES and not LONG_REASON.search(
+                ast.get_docstring(ast.parse(text)) or ""):
+            unexplained.append(f"{path.relative_to(ROOT)} ({len(text.splitlines())} lines)")
+    assert not unexplained, (f"over {LONG_MODULE_LINES} lines and no sentence of the docstring "
+                             f"says why: {', '.join(unexplained)}")

@@ -8,6 +8,10 @@ so the legacy script runs in a child process (:func:`launch`, through the course
 launcher, :mod:`helpers.launch`) with the folder first on its ``PYTHONPATH``. The script itself -
 ``amp.initialize``, ``amp.scale_loss`` and the O0-O3 loop - is a cell of the notebook; it uses
 :class:`Child` to read its plan and write its JSON.
+
+Longer than 400 lines because both sides of that child live here - the plan the notebook sends
+and the records the script sends back - with the checks the notebook reads on them; split, the
+two sides of one protocol would change apart.
 """
 
 from __future__ import annotations
