@@ -110,10 +110,10 @@ def test_the_course_script_is_where_the_helper_looks():
 
 
 def _script_default(name: str) -> str:
-    """The value of ``readonly NAME="..."`` in build_apex.sh."""
-    match = re.search(rf'^readonly {name}="([0-9a-f]{{40}})"$',
-                      (ROOT / "build_apex.sh").read_text(), re.M)
-    assert match, f"build_apex.sh sets no {name}"
+    """The commit ``NAME = "..."`` that build_apex.sh's build (coursetools.apexbuild) pins."""
+    match = re.search(rf'^{name} = "([0-9a-f]{{40}})"$',
+                      (ROOT / "coursetools" / "apexbuild" / "constants.py").read_text(), re.M)
+    assert match, f"coursetools/apexbuild/constants.py sets no {name}"
     return match.group(1)
 
 

@@ -1,13 +1,13 @@
-"""Tests for build_apex.sh that run anywhere: no GPU, no torch, no network.
+"""Tests for the Apex build (``build_apex.sh``, a thin shell over ``coursetools.apexbuild``)
+that run anywhere: no GPU, no torch, no network.
 
-The script makes all of its environment decisions from ONE python probe that prints
-``key=value`` lines (nvcc among them: the probe asks ``helpers.environment.find_nvcc``, the
-course's one lookup, which ``test_probe_asks_the_course_for_nvcc`` runs for real). Here
-``python3`` is a shim that prints configurable probe lines, answers
-``-m helpers.apexcheck --verify`` with configurable lines and refuses every other call;
-``git``/``pip`` are shims that fail loudly. PATH holds only those shims plus a toolbox of
-symlinks to the few system tools the script uses, so no real python, nvcc, git or pip on
-the test machine can leak in, and nothing can be cloned or installed.
+Most drive the orchestrator in-process, ``cli.main(argv, env, root)``, in an environment whose
+PATH holds only fakes: ``python3`` is a shell script that answers ``-m helpers.apexcheck
+--verify`` with configurable lines and refuses every other call; ``git``/``pip`` fail loudly;
+so no real python, nvcc, git or pip on the test machine can leak in, and nothing can be cloned
+or installed. The ONE probe of the python to build for is answered from a dict (``run_probe``
+replaced); ``test_probe_*`` run the real probe, once through a fake python and once by the real
+one (``test_probe_asks_the_course_for_nvcc``). A few tests run ``./build_apex.sh`` itself.
 """
 
 from __future__ import annotations
@@ -24,17 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from coursetools.apexbuild import build, cli, constants, estimate, options, preflight, probe
+from coursetools.apexbuild.console import Stop
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "build_apex.sh"
 PINNED = "6424da3b4faa6c8f062da4a48c424fff3f02d42d"
 LEGACY = "e13873debc4699d39c6861074b9a3b2a02327f92"
-BASH = shutil.which("bash") or "/bin/bash"
-
-# System tools build_apex.sh (and the shims) may call; symlinked into an isolated toolbox.
-TOOLS = [
-    "bash", "sh", "env", "cat", "sed", "grep", "sort", "paste", "tr", "head", "tail",
-    "dirname", "mkdir", "rm", "cp", "chmod", "date", "tee",
-]  # fmt: skip
 
 GOOD_PROBE = {
     "python_version": "3.11.9",
@@ -52,30 +48,51 @@ GOOD_PROBE = {
     "gpu_caps": "9.0,9.0",
 }
 
+# The python Apex is built for. REAL_PYTHON lines (end-to-end tests only) hand what runs the
+# build itself (`-c`, the package's __main__.py) to the real python; the probe is answered
+# from $FAKE_PROBE when it comes on stdin, verification from $FAKE_VERIFY, pip only where
+# $FAKE_PIP_RC is set (a --target install leaves an apex with amp there), and the legacy
+# install's check is run by the real python.
 PYTHON_SHIM = """#!/bin/bash
+REAL_PYTHON
 echo "python3 $*" >>"$FAKE_CALLS"
 if [ "$1" = "-m" ] && [ "$2" = "helpers.apexcheck" ]; then
     echo "verify env: PYTHONPATH=$PYTHONPATH PWD=$PWD" >>"$FAKE_CALLS"
-    printf '%s\n' "$FAKE_VERIFY"
+    printf '%s\\n' "$FAKE_VERIFY"
     exit "${FAKE_VERIFY_RC:-0}"
+fi
+if [ "$1" = "-m" ] && [ "$2" = "pip" ] && [ -n "${FAKE_PIP_RC:-}" ]; then
+    echo "pip env: PYTHONPATH=${PYTHONPATH-<unset>} CUDA_HOME=$CUDA_HOME" \\
+        "APEX_CPP_EXT=${APEX_CPP_EXT-<unset>} ARCH=${TORCH_CUDA_ARCH_LIST-}" \\
+        "JOBS=${APEX_PARALLEL_BUILD-}x${MAX_JOBS-} PATH=${PATH%%:*}:... PWD=$PWD" >>"$FAKE_CALLS"
+    [ "$6" = "--target" ] && mkdir -p "$7/apex" && : >"$7/apex/__init__.py" && : >"$7/apex/amp.py"
+    for i in {1..40}; do echo "pip line $i"; done
+    exit "$FAKE_PIP_RC"
 fi
 if [ "$1" = "-" ]; then
     body=$(cat)
     case "$body" in
-        *"build_apex.sh environment probe"*) printf '%s\\n' "$FAKE_PROBE"; exit 0 ;;
+        *"build_apex.sh environment probe"*)
+            echo "probe env: PYTHONPATH=${PYTHONPATH-<unset>}" >>"$FAKE_CALLS"
+            echo "probe's own stderr" >&2
+            printf '%s\\n' "$FAKE_PROBE"
+            exit "${FAKE_PROBE_RC:-0}" ;;
+        *"legacy apex.amp OK"*)
+            echo "legacy check env: PYTHONPATH=$PYTHONPATH PWD=$PWD" >>"$FAKE_CALLS"
+            printf '%s\\n' "$body" | "PYTHON_ITSELF" "$@"
+            exit ;;
     esac
 fi
 echo "fake python3: refusing to run: $*" >&2
 exit 97
-"""
+""".replace("PYTHON_ITSELF", sys.executable)
+FORWARD = f'case "$1" in -c|*/__main__.py) exec {sys.executable} "$@" ;; esac'
 
 LOUD_SHIM = """#!/bin/bash
 echo "{name} $*" >>"$FAKE_CALLS"
 echo "fake {name}: must not be called here: $*" >&2
 exit 96
 """
-
-PROBE_CALL = f"python3 - {REPO}"  # the probe gets the repo, where helpers.environment is
 
 # What `python -m helpers.apexcheck --verify` prints for a good build on a GPU.
 GOOD_VERIFY = [
@@ -98,25 +115,21 @@ def _write_exe(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
-@pytest.fixture(scope="session")
-def toolbox(tmp_path_factory) -> Path:
-    box = tmp_path_factory.mktemp("toolbox")
-    for tool in TOOLS:
-        real = shutil.which(tool)
-        if real is None:
-            pytest.skip(f"system tool {tool!r} not available")
-        (box / tool).symlink_to(real)
-    return box
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
 @dataclass
 class Sandbox:
     root: Path
-    toolbox: Path
+    capfd: pytest.CaptureFixture
     probe: dict[str, str] = field(default_factory=lambda: dict(GOOD_PROBE))
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
     verify: list[str] = field(default_factory=lambda: list(GOOD_VERIFY))
-    script: Path = SCRIPT
+    repo: Path = REPO  # the course checkout the build runs for
 
     @property
     def bin(self) -> Path:
@@ -129,6 +142,10 @@ class Sandbox:
     @property
     def workdir(self) -> Path:
         return self.root / "work"
+
+    @property
+    def probe_call(self) -> str:
+        return f"{self.bin / 'python3'} - {self.repo}"  # the probe gets the repo (helpers)
 
     def calls(self) -> list[str]:
         return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
@@ -143,50 +160,59 @@ class Sandbox:
         self.env.pop("CUDA_HOME", None)
         self.probe.update(nvcc="", nvcc_release="")
 
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        probe_lines = "\n".join(f"{k}={v}" for k, v in self.probe.items())
+    def environ(self) -> dict[str, str]:
         env = {
-            "PATH": f"{self.bin}:{self.toolbox}",
+            "PATH": f"{self.bin}:{self.root / 'tools'}",
             "HOME": str(self.root),
             "LANG": "C",
             "APEX_WORKDIR": str(self.workdir),
-            "FAKE_PROBE": probe_lines,
+            "FAKE_PROBE": "\n".join(f"{k}={v}" for k, v in self.probe.items()),
             "FAKE_CALLS": str(self.calls_file),
             "FAKE_VERIFY": "\n".join(self.verify),
             **self.env,
         }
-        env = {k: v for k, v in env.items() if v is not None}
-        return subprocess.run(
-            [BASH, str(self.script), *args],
-            env=env,
-            cwd=self.root,
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        return {k: v for k, v in env.items() if v is not None}
+
+    def run(self, *args: str) -> Result:
+        """``build_apex.sh ARGS``, in-process: its exit status and what it printed."""
+        self.capfd.readouterr()
+        rc = cli.main(list(args), self.environ(), root=str(self.repo))
+        out, err = self.capfd.readouterr()
+        return Result(rc, out, err)
 
 
 @pytest.fixture
-def box(tmp_path: Path, toolbox: Path) -> Sandbox:
-    sb = Sandbox(root=tmp_path, toolbox=toolbox)
-    _write_exe(sb.bin / "python3", PYTHON_SHIM)
+def box(tmp_path: Path, capfd, monkeypatch) -> Sandbox:
+    sb = Sandbox(root=tmp_path, capfd=capfd)
+    _write_exe(sb.bin / "python3", PYTHON_SHIM.replace("REAL_PYTHON\n", ""))
+    (tmp_path / "tools").mkdir()
+    for tool in ("cat", "mkdir"):  # what the fakes use
+        (tmp_path / "tools" / tool).symlink_to(shutil.which(tool))
     for name in ("git", "pip", "pip3"):
         _write_exe(sb.bin / name, LOUD_SHIM.format(name=name))
     cuda = sb.nvcc(tmp_path / "cuda", "13.0")
     sb.env["CUDA_HOME"] = str(cuda)
-    # Without PYTHON the script takes the checkout's .venv/bin/python, the real one here.
+    # Without PYTHON the build takes the checkout's .venv/bin/python, the real one here.
     sb.env["PYTHON"] = "python3"
+    monkeypatch.chdir(tmp_path)
+
+    def answer_probe(python_bin: str, root: str, env: dict[str, str]) -> tuple[bool, str]:
+        with open(env["FAKE_CALLS"], "a") as fh:
+            fh.write(f"{python_bin} - {root}\n")
+        return True, "\n".join(f"{k}={v}" for k, v in sb.probe.items())
+
+    monkeypatch.setattr(probe, "run_probe", answer_probe)
     return sb
 
 
 def assert_untouched(sb: Sandbox) -> None:
     """Only the probe ran: no git, no pip, no other python call, no work folder."""
     calls = sb.calls()
-    assert calls == [PROBE_CALL], calls
+    assert calls == [sb.probe_call], calls
     assert not sb.workdir.exists()
 
 
-def plan(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+def plan(result: Result) -> dict[str, str]:
     """The dry-run plan as {label: value}, from its indented "  label:   value" lines."""
     entries = {}
     for line in result.stdout.splitlines():
@@ -196,7 +222,7 @@ def plan(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
     return entries
 
 
-def assert_preflight_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+def assert_preflight_error(result: Result, *needles: str) -> None:
     assert result.returncode == 3, (result.returncode, result.stdout, result.stderr)
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("build_apex.sh: error:")]
     assert len(errors) == 1, result.stderr
@@ -227,14 +253,35 @@ def test_unknown_option_is_usage_error(box: Sandbox) -> None:
     result = box.run("--dry-run", "--frobnicate")
     assert result.returncode == 2
     assert "unknown option: --frobnicate" in result.stderr
+    assert "Try ./build_apex.sh --help" in result.stderr
     assert box.calls() == []
 
 
-def test_malformed_apex_ref_is_usage_error(box: Sandbox) -> None:
-    box.env["APEX_REF"] = "master"
+def test_options_are_read_in_order(box: Sandbox) -> None:
+    assert box.run("--frobnicate", "--help").returncode == 2  # the unknown option comes first
+    assert box.run("--help", "--frobnicate").returncode == 0
+    assert box.calls() == []
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("APEX_REF", "master", "APEX_REF must be a full 40-hex commit SHA, got 'master'"),
+    ("APEX_LEGACY_REF", "abc", "APEX_LEGACY_REF must be a full 40-hex commit SHA, got 'abc'"),
+    ("APEX_JOBS", "0", "APEX_JOBS must be a positive integer, got '0'"),
+    ("APEX_JOBS", "4x", "APEX_JOBS must be a positive integer, got '4x'"),
+])  # fmt: skip
+def test_malformed_setting_is_usage_error(box: Sandbox, variable, value, said) -> None:
+    box.env[variable] = value
     result = box.run("--dry-run")
     assert result.returncode == 2
-    assert "APEX_REF must be a full 40-hex commit SHA" in result.stderr
+    assert said in result.stderr
+    assert box.calls() == []
+
+
+def test_a_commit_in_capitals_is_the_same_commit(box: Sandbox) -> None:
+    box.env["APEX_REF"] = PINNED.upper()
+    result = box.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["commit"] == PINNED
 
 
 # ---------------------------------------------------------------------- preflight errors
@@ -295,6 +342,14 @@ def test_pip_missing(box: Sandbox) -> None:
     assert_preflight_error(result, "pip is not available", "ensurepip")
 
 
+@pytest.mark.parametrize(("version", "enough"), [
+    ("23.1", True), ("24.0", True), ("100.0", True), ("23.0", False), ("9", False),
+    ("22.3.1", False), ("24.x1b", True), ("", False),
+])  # fmt: skip
+def test_pip_versions_compare_as_numbers(version: str, enough: bool) -> None:
+    assert preflight.version_ge(version, "23.1") is enough
+
+
 def test_no_ninja(box: Sandbox) -> None:
     box.probe.update(ninja="no", ninja_bin="")
     result = box.run()
@@ -346,6 +401,7 @@ def test_happy_dry_run_prints_plan_and_touches_nothing(box: Sandbox) -> None:
     assert entries["install target"].startswith("/opt/fake/site-packages")
     assert entries["source"].startswith("clone https://github.com/NVIDIA/apex")
     assert "nothing was cloned, built or installed" in result.stdout
+    assert result.stderr == ""
     assert_untouched(box)
 
 
@@ -354,6 +410,8 @@ def test_arch_list_is_distinct_and_sorted(box: Sandbox) -> None:
     result = box.run("--dry-run")
     assert result.returncode == 0, result.stderr
     assert "TORCH_CUDA_ARCH_LIST=8.6;9.0;12.0 " in result.stdout
+    assert preflight.distinct_caps("10.0,8.0,9.0,8.0") == "8.0;9.0;10.0"
+    assert preflight.distinct_caps("9.0,9.00") == "9.0"  # numerically equal: the first
 
 
 def test_arch_list_from_env_needs_no_gpu(box: Sandbox) -> None:
@@ -371,6 +429,8 @@ def test_arch_list_from_env_needs_no_gpu(box: Sandbox) -> None:
         ("4", "500.0", None, "APEX_PARALLEL_BUILD=4 MAX_JOBS=1 (budget 4"),  # CPU bound
         ("64", "1.0", None, "APEX_PARALLEL_BUILD=1 MAX_JOBS=1 (budget 1"),  # at least one
         ("2", "8.0", "20", "APEX_PARALLEL_BUILD=8 MAX_JOBS=2 (budget 20: from APEX_JOBS"),
+        ("3", "", None, "APEX_PARALLEL_BUILD=3 MAX_JOBS=1 (budget 3: 3 CPUs, free memory unknown)"),
+        ("x", "100.0", None, "(budget 1: min(1 CPUs, 100.0 GiB free / 4 GiB per job))"),
     ],
 )
 def test_jobs_budget(box: Sandbox, cpus: str, mem: str, apex_jobs: str | None, expected: str):
@@ -391,6 +451,12 @@ def test_apex_ref_override_in_plan(box: Sandbox) -> None:
     assert PINNED not in result.stdout
 
 
+def test_nvcc_flags_are_named_when_set(box: Sandbox) -> None:
+    assert "nvcc flags" not in plan(box.run("--dry-run"))
+    box.env["NVCC_APPEND_FLAGS"] = "-lineinfo"
+    assert plan(box.run("--dry-run"))["nvcc flags"] == "NVCC_APPEND_FLAGS=-lineinfo"
+
+
 def test_cuda_home_is_the_toolkit_of_the_nvcc_found(box: Sandbox) -> None:
     del box.env["CUDA_HOME"]
     conda = box.nvcc(box.root / "conda-env", "13.0")
@@ -409,40 +475,96 @@ def test_cuda_home_without_nvcc_is_named(box: Sandbox) -> None:
     assert plan(result)["CUDA_HOME"] == str(conda)
 
 
-def _probe_source() -> str:
-    """The python heredoc of build_apex.sh's environment probe."""
-    match = re.search(r"<<'PY'\n(# build_apex.sh environment probe\n.*?)^PY$",
-                      SCRIPT.read_text(), re.S | re.M)
-    assert match, "build_apex.sh has no environment probe heredoc"
-    return match.group(1)
+def test_cuda_home_is_the_nvcc_toolkit_the_probe_names(box: Sandbox) -> None:
+    toolkit = box.root / "cuda-13.0"
+    box.probe.update(nvcc_cuda_home=str(toolkit))  # a wrapper nvcc: its toolkit is elsewhere
+    assert plan(box.run("--dry-run"))["CUDA_HOME"] == str(toolkit)
+
+
+# ------------------------------------------------------------------------------ the probe
+
+
+def test_probe_runs_in_the_python_to_build_for(tmp_path: Path, capfd, monkeypatch) -> None:
+    """The real run_probe: the python to build for gets the probe on stdin and the repo as its
+    argument, in the caller's environment (PYTHONPATH as it is); its stderr passes through and
+    its key=value lines make the plan. A probe that fails is the python's FAIL, and the plan
+    still shows what it printed."""
+    _write_exe(tmp_path / "bin" / "python3", PYTHON_SHIM.replace("REAL_PYTHON\n", ""))
+    (tmp_path / "bin" / "cat").symlink_to(shutil.which("cat"))  # the fake python reads stdin
+    monkeypatch.chdir(tmp_path)
+    lines = {**GOOD_PROBE, "nvcc": "/opt/cuda/bin/nvcc", "nvcc_release": "13.0",
+             "nvcc_cuda_home": "/opt/cuda"}
+    env = {"PATH": str(tmp_path / "bin"), "PYTHON": "python3", "PYTHONPATH": "/elsewhere",
+           "APEX_WORKDIR": str(tmp_path / "work"), "FAKE_CALLS": str(tmp_path / "calls.log"),
+           "FAKE_PROBE": "\n".join(f"{k}={v}" for k, v in lines.items())}
+    assert cli.main(["--dry-run"], env, root=str(REPO)) == 0
+    out, err = capfd.readouterr()
+    assert err == "probe's own stderr\n"
+    assert "  CUDA_HOME:        /opt/cuda\n" in out and "(Python 3.11.9; from PYTHON)" in out
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert calls == [f"python3 - {REPO}", "probe env: PYTHONPATH=/elsewhere"]
+    assert cli.main(["--dry-run"], dict(env, FAKE_PROBE_RC="1"), root=str(REPO)) == 3
+    out, err = capfd.readouterr()
+    assert f"'{tmp_path / 'bin' / 'python3'}' failed to run the environment probe" in err
+    assert "  install target:   /opt/fake/site-packages (replaces" in out
+
+
+def test_probe_lines_are_read_as_the_shell_read_them() -> None:
+    text = "a=1\nb=x=y\nc=v=\nd=v==\ne==\n=nokey\njunk\na=2\n\n"
+    assert probe.parse_probe(text) == {"a": "2", "b": "x=y", "c": "v", "d": "v==", "e": "",
+                                       "junk": ""}  # fmt: skip
+
+
+def test_python_is_looked_up_as_the_shell_does(tmp_path: Path) -> None:
+    _write_exe(tmp_path / "bin" / "py", "#!/bin/sh\n")
+    (tmp_path / "bin" / "not-executable").write_text("")
+    env = {"PATH": f"{tmp_path / 'nothing'}:{tmp_path / 'bin'}/"}
+    assert probe.command_path("py", env) == f"{tmp_path / 'bin'}/py"
+    assert probe.command_path("not-executable", env) == ""
+    assert probe.command_path(str(tmp_path / "bin"), env) == ""  # a folder is no command
+    assert probe.command_path(str(tmp_path / "bin" / "py"), {}) == str(tmp_path / "bin" / "py")
 
 
 def test_probe_asks_the_course_for_nvcc(tmp_path: Path) -> None:
     """The real probe, run by the real python: nvcc comes from helpers.environment.find_nvcc
-    ($CUDA_HOME/bin, then $CONDA_PREFIX/bin, then PATH), with its release."""
+    ($CUDA_HOME/bin, then $CONDA_PREFIX/bin, then PATH), with its release and toolkit. The
+    second run imports a stand-in torch (the lookup is what is checked, and torch is slow)."""
     for name, version in (("cuda", "12.8"), ("conda", "13.0")):
         _write_exe(tmp_path / name / "bin" / "nvcc", NVCC_SHIM.format(v=version))
+    stub = tmp_path / "stub" / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "import types\n__version__ = '0.0+stub'\nversion = types.SimpleNamespace(cuda='13.0')\n"
+        "cuda = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0)\n"
+        "class device:\n    pass\nclass dtype:\n    pass\n")
     base = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
 
-    def probe(**env: str) -> dict[str, str]:
-        result = subprocess.run([sys.executable, "-", str(REPO)], input=_probe_source(),
+    def run(**env: str) -> dict[str, str]:
+        result = subprocess.run([sys.executable, "-", str(REPO)],
+                                input=Path(probe.PROBE_PROGRAM).read_text(),
                                 env={**base, **env}, capture_output=True, text=True,
                                 timeout=120, check=True)
-        return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+        return probe.parse_probe(result.stdout)
 
-    got = probe(CUDA_HOME=str(tmp_path / "cuda"), CONDA_PREFIX=str(tmp_path / "conda"))
-    assert "nvcc_error" not in got, got
+    got = run(CUDA_HOME=str(tmp_path / "cuda"), CONDA_PREFIX=str(tmp_path / "conda"))
+    assert "nvcc_error" not in got and "torch_error" not in got, got
     assert got["nvcc"] == str(tmp_path / "cuda" / "bin" / "nvcc")
     assert got["nvcc_release"] == "12.8"
     assert got["nvcc_cuda_home"] == str(tmp_path / "cuda")  # helpers.environment.nvcc_toolkit
-    got = probe(CUDA_HOME=str(tmp_path / "none"), CONDA_PREFIX=str(tmp_path / "conda"))
+    import torch
+
+    assert got["torch_version"] == torch.__version__ and got["pip_version"] not in ("", "none")
+    got = run(CUDA_HOME=str(tmp_path / "none"), CONDA_PREFIX=str(tmp_path / "conda"),
+              PYTHONPATH=str(tmp_path / "stub"))
+    assert got["torch_version"] == "0.0+stub", got
+    assert "nvcc_error" not in got, got
     assert got["nvcc"] == str(tmp_path / "conda" / "bin" / "nvcc")
     assert got["nvcc_release"] == "13.0"
 
 
 def test_plan_reports_existing_marker(box: Sandbox) -> None:
     box.workdir.mkdir()
-    # Same layout as the marker the script writes (json.dump with indent=2).
+    # Same layout as the marker the build writes (json.dump with indent=2).
     marker = {"commit": PINNED, "torch_version": "2.11.0+cu130", "build_seconds": 9}
     (box.workdir / "installed.json").write_text(json.dumps(marker, indent=2) + "\n")
     result = box.run("--dry-run")
@@ -587,9 +709,9 @@ def _cpu_machine(box: Sandbox) -> tuple[Path, Path]:
     return wrapper, toolkit
 
 
-def _minutes(estimate: str) -> list[int]:
+def _minutes(text: str) -> list[int]:
     """The estimate's minutes: [--course-only, full build]."""
-    return [int(m) for m in re.findall(r"about (\d+) min", estimate)]
+    return [int(m) for m in re.findall(r"about (\d+) min", text)]
 
 
 @pytest.mark.parametrize("args", [(), ("--course-only",)])
@@ -604,15 +726,15 @@ def test_dry_run_on_a_cpu_machine_estimates_for_one_architecture(box: Sandbox, a
     assert result.stderr.splitlines()[-1] == real.stderr.splitlines()[-1]
     fails = [ln.split(":")[0] for ln in result.stdout.splitlines() if ln.startswith("  FAIL ")]
     assert fails == ["  FAIL torch", "  FAIL arch list"], result.stdout
-    estimate = plan(result)["estimate"]
+    text = plan(result)["estimate"]
     # README's rule: (496 + 42) CPU-s / 2 = 269 s, (1417 + 103) / 2 = 760 s, above the wall times
-    assert _minutes(estimate) == [4, 13], estimate
-    assert estimate.startswith("about 4 min on 2 CPUs with --course-only"), estimate
+    assert _minutes(text) == [4, 13], text
+    assert text.startswith("about 4 min on 2 CPUs with --course-only"), text
     for needle in ("each for one architecture, as on a machine with one GPU model",
                    "each architecture in TORCH_CUDA_ARCH_LIST adds as much again",
                    f"this run: {'--course-only' if args else 'the full build'}",
                    "/ 2 jobs"):  # fmt: skip
-        assert needle in estimate, (needle, estimate)
+        assert needle in text, (needle, text)
     assert not box.workdir.exists()
 
 
@@ -677,16 +799,14 @@ def test_dry_run_marks_a_bad_source_folder_beside_other_failures(box: Sandbox) -
 
 
 def _checkout_copy(box: Sandbox, venv: bool, requirements: str | None = None) -> Path:
-    """A course checkout of just build_apex.sh (plus a .venv python, a requirements.txt)."""
+    """A course checkout for the build to run for (a .venv python, a requirements.txt)."""
     course = box.root / "course"
     course.mkdir()
-    shutil.copy2(SCRIPT, course / "build_apex.sh")
     if venv:
-        _write_exe(course / ".venv" / "bin" / "python",
-                   PYTHON_SHIM.replace('echo "python3 $*"', 'echo "venv-python $*"'))
+        _write_exe(course / ".venv" / "bin" / "python", PYTHON_SHIM.replace("REAL_PYTHON\n", ""))
     if requirements is not None:
         (course / "requirements.txt").write_text(requirements)
-    box.script = course / "build_apex.sh"
+    box.repo = course
     return course
 
 
@@ -698,7 +818,7 @@ def test_python_defaults_to_the_course_venv(box: Sandbox) -> None:
     venv_python = course / ".venv" / "bin" / "python"
     assert plan(result)["python"] == (f"{venv_python} (Python 3.11.9; the course's .venv; "
                                       "PYTHON is unset)")
-    assert box.calls() == [f"venv-python - {course}"]  # the probe ran in the .venv
+    assert box.calls() == [f"{venv_python} - {course}"]  # the probe ran in the .venv
 
 
 def test_python_is_python3_without_a_venv_and_named_so(box: Sandbox) -> None:
@@ -715,7 +835,14 @@ def test_python_from_the_environment_wins_over_the_venv(box: Sandbox) -> None:
     result = box.run("--dry-run")  # the sandbox sets PYTHON=python3
     assert result.returncode == 0, result.stderr
     assert plan(result)["python"] == f"{box.bin / 'python3'} (Python 3.11.9; from PYTHON)"
-    assert box.calls()[0].startswith("python3 - ")
+    assert box.calls()[0].startswith(f"{box.bin / 'python3'} - ")
+
+
+def test_a_relative_python_and_workdir_are_taken_from_here(box: Sandbox) -> None:
+    box.env.update(PYTHON="bin/python3", APEX_WORKDIR="work")
+    entries = plan(box.run("--dry-run"))
+    assert entries["python"].startswith(f"{box.root}/bin/python3 (Python 3.11.9; from PYTHON)")
+    assert entries["workdir"] == str(box.root / "work")
 
 
 def _hints(text: str) -> list[str]:
@@ -754,19 +881,28 @@ def test_install_hints_read_the_pins_of_requirements_txt(box: Sandbox) -> None:
     box.probe.update(ninja="no", ninja_bin="")
     text = "\n".join(_hints(box.run("--dry-run").stdout))
     assert "torch==9.8.7 " in text and "ninja==1.2.3`" not in text and "ninja==1.2.3" in text
+    root = str(box.repo)
+    assert constants.req_pin(root, "torch", "0") == "9.8.7"
+    assert constants.req_pin(root, "pip", "26.3") == "26.3"  # not named there: the default
+    (box.repo / "requirements.txt").unlink()
+    assert constants.req_pin(root, "torch", "2.13.0") == "2.13.0"
 
 
 # ------------------------------------------------------------------------------ estimate
 
 
 def test_estimate_constants_are_at_the_top_with_their_source() -> None:
-    head = SCRIPT.read_text().split("usage() {", 1)[0]
+    text = Path(constants.__file__).read_text()
+    head = text.split("\ndef ", 1)[0]
     assert "2026-12-01" in head and "16 CPUs" in head and "H200" in head
     assert "1417 s user + 103 s" in head and "496 s user +\n#   42 s sys" in head
     for const, value in (("EST_CPUS", "16"), ("EST_COURSE_EXT_CPU_S", "538"),
                          ("EST_COURSE_EXT_WALL_S", "117"), ("EST_FULL_CPU_S", "1520"),
                          ("EST_FULL_WALL_S", "246")):  # fmt: skip
-        assert re.search(rf"^readonly {const}={value}\b", head, re.M), const
+        assert re.search(rf"^{const} = {value}\b", head, re.M), const
+        assert getattr(constants, const) == int(value), const
+    # the estimate reads them from there and defines no figures of its own
+    assert not re.search(r"\b(538|117|1520|246)\b", Path(estimate.__file__).read_text())
 
 
 @pytest.mark.parametrize(
@@ -789,10 +925,16 @@ def test_estimate_in_the_plan(box: Sandbox, cpus: str, mem: str, arch: str | Non
         box.env["TORCH_CUDA_ARCH_LIST"] = arch
     result = box.run("--dry-run")
     assert result.returncode == 0, result.stderr
-    estimate = plan(result)["estimate"]
+    text = plan(result)["estimate"]
     for needle in (*expected, "an estimate from builds on 16-CPU H200 machines",
                    "this run: the full build"):
-        assert needle in estimate, (needle, estimate)
+        assert needle in text, (needle, text)
+
+
+def test_estimate_counts_the_architectures_of_a_list() -> None:
+    sentence = estimate.build_estimate("7.0 8.0;9.0,,10.0", "2", 2, course_only=False)
+    assert " for 4 architecture(s) " in sentence
+    assert estimate.minutes(0) == 1 and estimate.minutes(89) == 1 and estimate.minutes(90) == 2
 
 
 def test_estimate_is_printed_before_the_build(box: Sandbox) -> None:
@@ -806,13 +948,13 @@ def test_estimate_is_printed_before_the_build(box: Sandbox) -> None:
     assert lines[starts[0] - 1].startswith("  marker:")  # right after the plan, before the clone
 
 
-def test_readme_estimate_for_two_cpus_is_the_scripts(box: Sandbox) -> None:
+def test_readme_estimate_for_two_cpus_is_the_builds(box: Sandbox) -> None:
     readme = (REPO / "README.md").read_text()
     section = readme.split("### Building Apex", 1)[1].split("\n### ", 1)[0]
     box.probe.update(cpu_count="2", mem_free_gib="8.0")
-    estimate = plan(box.run("--dry-run"))["estimate"]
-    minutes = re.findall(r"about (\d+) min", estimate)
-    assert minutes == ["4", "13"], estimate
+    text = plan(box.run("--dry-run"))["estimate"]
+    minutes = re.findall(r"about (\d+) min", text)
+    assert minutes == ["4", "13"], text
     for value in minutes:
         assert f"about {value} min" in section, value
     assert "estimate" in section and "--course-only" in section
@@ -829,29 +971,21 @@ def test_course_only_is_in_the_plan(box: Sandbox) -> None:
     assert "--course-only" not in plan(box.run("--dry-run"))["build"]
 
 
-def _trim_program() -> str:
-    """The Python that --course-only runs on the staged setup.py (the script's heredoc)."""
-    body = SCRIPT.read_text().split("keep_course_extensions() {", 1)[1]
-    return body.split("<<'PY'", 1)[1].split("\nPY\n", 1)[0].split("\n", 1)[1]
-
-
-def test_course_only_keeps_the_three_extensions_of_a_setup_py(tmp_path) -> None:
+def test_course_only_keeps_the_three_extensions_of_a_setup_py(tmp_path, capsys) -> None:
     setup = tmp_path / "setup.py"
     setup.write_text(
         "class E:\n    def __init__(self, name):\n        self.name = name\n\n"
         "ext_modules = [E(n) for n in ('apex_C', 'amp_C', 'syncbn', 'fused_layer_norm_cuda',"
         " 'mlp_cuda')]\n\n\ndef setup(**kw):\n    print(sorted(e.name for e in kw['ext_modules']))"
         "\n\n\nsetup(\n    name='apex',\n    ext_modules=ext_modules,\n)\n")
-    keep = "amp_C,apex_C,fused_layer_norm_cuda"
-    trim = subprocess.run([sys.executable, "-", str(setup), keep], input=_trim_program(),
-                          text=True, capture_output=True)
-    assert trim.returncode == 0, trim.stderr
+    build.keep_course_extensions(str(setup))
     ran = subprocess.run([sys.executable, str(setup)], text=True, capture_output=True)
     assert ran.stdout.splitlines()[-1] == "['amp_C', 'apex_C', 'fused_layer_norm_cuda']"
     setup.write_text("print('no extension list here')\n")  # an Apex this cannot trim
-    trim = subprocess.run([sys.executable, "-", str(setup), keep], input=_trim_program(),
-                          text=True, capture_output=True)
-    assert trim.returncode == 1 and "no extension" in setup.read_text()
+    with pytest.raises(Stop) as stop:
+        build.keep_course_extensions(str(setup))
+    assert stop.value.code == 4 and "cannot be trimmed" in capsys.readouterr().err
+    assert setup.read_text() == "print('no extension list here')\n"
 
 
 @pytest.mark.parametrize(("args", "code", "said"), [
@@ -907,6 +1041,13 @@ def test_apex_src_git_checkout_at_requested_commit(box: Sandbox) -> None:
     assert f"(HEAD verified = {head})" in result.stdout
 
 
+def test_apex_src_git_checkout_without_git_is_refused(box: Sandbox) -> None:
+    _git_repo(box.root / "apex-src")
+    (box.bin / "git").unlink()
+    box.env["APEX_SRC"] = str(box.root / "apex-src")
+    assert_preflight_error(box.run("--dry-run"), "is a git checkout but git is not installed")
+
+
 def test_apex_src_plain_folder_is_recorded_unverified(box: Sandbox) -> None:
     src = box.root / "exported"
     src.mkdir()
@@ -923,6 +1064,24 @@ def test_apex_src_without_setup_py_is_refused(box: Sandbox) -> None:
     (box.root / "empty").mkdir()
     box.env["APEX_SRC"] = str(box.root / "empty")
     assert_preflight_error(box.run("--dry-run"), "has no setup.py")
+
+
+def test_a_plain_source_folder_is_built_from_a_private_copy(box: Sandbox) -> None:
+    """The copy is writable and has no .git, build folder or egg-info; the folder is unchanged."""
+    src = box.root / "exported"
+    (src / "sub").mkdir(parents=True)
+    (src / "setup.py").write_text("# placeholder\n")
+    (src / "sub" / "read-only.txt").write_text("x")
+    (src / "sub" / "read-only.txt").chmod(0o444)
+    for name in (".git", "build", "apex.egg-info"):
+        (src / name).mkdir()
+    pre = preflight.Preflight(options.parse([], box.environ(), str(REPO)))
+    dest = box.root / "work" / "src" / "apex"
+    build.stage_source(pre, "plain", str(src), PINNED, str(dest))
+    assert sorted(p.name for p in dest.iterdir()) == ["setup.py", "sub"]
+    assert os.access(dest / "sub" / "read-only.txt", os.W_OK)
+    assert sorted(p.name for p in src.iterdir()) == [".git", "apex.egg-info", "build",
+                                                    "setup.py", "sub"]  # fmt: skip
 
 
 # -------------------------------------------------------------------------------- legacy
@@ -962,12 +1121,20 @@ def test_legacy_amp_adds_to_main_plan(box: Sandbox) -> None:
     assert PINNED in result.stdout and LEGACY in result.stdout
 
 
+def test_the_legacy_folder_is_kept_out_of_the_pythonpath(tmp_path) -> None:
+    legacy = str(tmp_path / "work" / "legacy-amp")
+    given = (f"::work/legacy-amp/:{tmp_path}/./work/legacy-amp:/a/./b:{tmp_path}/work/./legacy-amp/"
+             f":{legacy}:rel:")
+    assert options.clean_pythonpath(given, legacy, str(tmp_path)) == "/a/./b:rel"
+    assert options.clean_pythonpath("", legacy, str(tmp_path)) == ""
+
+
 # ------------------------------------------------------------------------- verification
 
 
 def _current_marker(box: Sandbox) -> None:
     """A marker that says the pinned commit is built for the probed torch."""
-    box.workdir.mkdir()
+    box.workdir.mkdir(exist_ok=True)
     marker = {"commit": PINNED, "torch_version": GOOD_PROBE["torch_version"]}
     (box.workdir / "installed.json").write_text(json.dumps(marker, indent=2) + "\n")
 
@@ -1020,7 +1187,234 @@ def test_verification_crash_without_a_sentence_is_reported(box: Sandbox) -> None
     assert result.returncode == 4
 
 
-# ----------------------------------------------------------------------------- shellcheck
+def test_force_rebuilds_a_current_install_without_verifying_it_first(box: Sandbox) -> None:
+    _current_marker(box)
+    result = box.run("--force")
+    assert result.returncode == 4  # straight to the clone, which the fake git refuses
+    assert "already built" not in result.stdout
+    assert not any("helpers.apexcheck" in c for c in box.calls())
+
+
+def test_the_build_imports_only_the_standard_library() -> None:
+    """It runs under any Python 3.8+ (not the python it builds for), so it imports nothing but
+    the standard library and itself; torch and the helpers are the probe's, in that python."""
+    program = ("import sys; sys.path.insert(0, sys.argv[1]); import coursetools.apexbuild.cli; "
+               "import coursetools.apexbuild.__main__; "
+               "print('\\n'.join(sorted({m.split('.')[0] for m in sys.modules})))")
+    ran = subprocess.run([sys.executable, "-S", "-E", "-c", program, str(REPO)],
+                         capture_output=True, text=True, check=True, timeout=60)
+    outside = set(ran.stdout.split()) - set(sys.stdlib_module_names) - {"__main__", "coursetools"}
+    assert not outside, outside
+
+
+# ------------------------------------------------------------------ a build, start to end
+
+GIT_THAT_CLONES = """#!/bin/bash
+echo "git $*" >>"$FAKE_CALLS"
+case "$1" in
+    clone) mkdir -p "$5/.git" "$5/build" "$5/apex.egg-info"
+           printf 'ext_modules = []\\nsetup(\\n)\\n' >"$5/setup.py" ;;
+    -C) if [ "$3" = rev-parse ]; then cat "$2/.git/head"
+        else echo "${*: -1}" >"$2/.git/head"; fi ;;
+esac
+"""
+
+
+def _builds(box: Sandbox) -> None:
+    """git clones (a setup.py, a stale build folder), pip installs, and both say so."""
+    _write_exe(box.bin / "git", GIT_THAT_CLONES)
+    box.env["FAKE_PIP_RC"] = "0"
+
+
+def test_a_build_clones_installs_verifies_and_marks(box: Sandbox) -> None:
+    _builds(box)
+    box.env["PYTHONPATH"] = f"{box.workdir}/legacy-amp:/elsewhere"
+    result = box.run("--course-only")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    said = [re.sub(r"in \d+s$", "in Ns", ln.split(": ", 1)[1]) for ln in result.stdout.splitlines()
+            if ln.startswith("build_apex.sh: ")][2:]  # after the plan's heading and its estimate
+    src = box.workdir / "src" / "apex"
+    assert said == [
+        f"cloning https://github.com/NVIDIA/apex into {src}",
+        "removing any previously installed 'apex'",
+        f"building Apex {PINNED} for TORCH_CUDA_ARCH_LIST=9.0 with APEX_PARALLEL_BUILD=3 "
+        "MAX_JOBS=5",
+        f"build log: {box.workdir}/build.log",
+        "build finished in Ns",
+        f"Apex {PINNED} installed and verified "
+        f"(amp_C,apex_C,fused_layer_norm_cuda,FusedAdam,FusedLayerNorm); marker: "
+        f"{box.workdir}/installed.json"], said  # fmt: skip
+    cuda = box.root / "cuda"
+    assert box.calls()[1:] == [
+        f"git clone --quiet --filter=blob:none https://github.com/NVIDIA/apex {src}",
+        f"git -C {src} -c advice.detachedHead=false checkout --quiet --force {PINNED}",
+        f"git -C {src} rev-parse HEAD",
+        "python3 -m pip uninstall -y apex",
+        f"pip env: PYTHONPATH=/elsewhere CUDA_HOME={cuda} APEX_CPP_EXT=<unset> ARCH= JOBS=x "
+        f"PATH={box.bin}:... PWD={box.root}",
+        "python3 -m pip install -v --no-build-isolation --no-deps .",
+        f"pip env: PYTHONPATH=/elsewhere CUDA_HOME={cuda} APEX_CPP_EXT=1 ARCH=9.0 JOBS=3x5 "
+        f"PATH={cuda}/bin:... PWD={src}",
+        f"python3 -m helpers.apexcheck --verify --legacy-dir {box.workdir}/legacy-amp",
+        f"verify env: PYTHONPATH={REPO}:/elsewhere PWD={box.workdir}"], box.calls()
+    assert sorted(p.name for p in src.iterdir()) == [".git", "setup.py"]  # no stale build
+    assert "ext_modules = [e for e in ext_modules if e.name in" in (src / "setup.py").read_text()
+    log = (box.workdir / "build.log").read_text().splitlines()
+    assert log[0] == (f"# build_apex.sh: commit {PINNED}, CUDA_HOME={cuda}, "
+                      "TORCH_CUDA_ARCH_LIST=9.0, APEX_PARALLEL_BUILD=3, MAX_JOBS=5, "
+                      "NVCC_APPEND_FLAGS=")  # fmt: skip
+    assert log[-1] == "pip line 40"
+    marker = json.loads((box.workdir / "installed.json").read_text())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", marker.pop("date"))
+    assert marker.pop("build_seconds") in (0, 1, 2)
+    assert marker == {
+        "commit": PINNED, "commit_verified": True, "source": "https://github.com/NVIDIA/apex",
+        "torch_version": "2.11.0+cu130", "torch_cuda": "13.0", "nvcc_version": "13.0",
+        "cuda_home": str(cuda), "arch_list": "9.0",
+        "verified_extensions": ["amp_C", "apex_C", "fused_layer_norm_cuda", "FusedAdam",
+                                "FusedLayerNorm"],
+        "extensions": "course-only"}  # fmt: skip
+    box.calls_file.unlink()
+    again = box.run("--course-only")  # current and verified: nothing is built
+    assert again.returncode == 0 and "is already built for torch 2.11.0+cu130" in again.stdout
+    assert not any(c.startswith(("git", "python3 -m pip")) for c in box.calls())
+    assert (box.workdir / "verify.log").read_text().count("verified=") == 1  # this run's only
+
+
+def test_a_failed_build_shows_the_last_30_lines_of_its_log(box: Sandbox) -> None:
+    _builds(box)
+    box.env["FAKE_PIP_RC"] = "1"
+    result = box.run()
+    assert result.returncode == 4
+    lines = result.stderr.splitlines()
+    assert lines[0] == ("build_apex.sh: warning: pip uninstall apex failed; continuing (the "
+                        "install below replaces it)")  # this fake pip fails that too
+    assert lines[1:-1] == [f"pip line {i}" for i in range(11, 41)], lines
+    assert re.fullmatch(r"build_apex\.sh: error: pip install of Apex failed \(exit 1\) after \d+s; "
+                        "the last 30 lines are above, the full log is "
+                        f"{re.escape(str(box.workdir))}/build\\.log\\.", lines[-1]), lines[-1]
+
+
+def test_a_build_that_fails_verification_exits_5(box: Sandbox) -> None:
+    _builds(box)
+    box.verify = ["error=amp_C is missing"]
+    box.env["FAKE_VERIFY_RC"] = "1"
+    result = box.run()
+    assert result.returncode == 5
+    assert result.stderr.endswith("verification failed: amp_C is missing - rebuild with "
+                                  "./build_apex.sh --force (details in "
+                                  f"{box.workdir}/verify.log).\n")  # fmt: skip
+    assert not (box.workdir / "installed.json").exists()
+
+
+def test_the_legacy_install_without_nvcc_uses_a_stub_and_is_checked_aside(box: Sandbox) -> None:
+    _builds(box)
+    box.no_nvcc()
+    box.probe["torch_cuda"] = "12.6"
+    box.env.update(PYTHONPATH="/elsewhere", APEX_CPP_EXT="1")  # a Python-only install: unset
+    result = box.run("--legacy-only")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    legacy, stub = box.workdir / "legacy-amp", box.workdir / "stub-cuda"
+    assert (f"no nvcc found; using a version-only stub ({stub}/bin/nvcc) for the Python-only "
+            "legacy install") in result.stdout
+    assert result.stdout.endswith(f"build_apex.sh: legacy apex.amp ready: PYTHONPATH={legacy} "
+                                  "python3 -c 'from apex import amp'\n")  # fmt: skip
+    stub_says = subprocess.run([stub / "bin" / "nvcc", "-V"], capture_output=True, text=True)
+    assert stub_says.stdout == "Cuda compilation tools, release 12.6, V12.6.0\n"
+    src = box.workdir / "src" / "apex-legacy"
+    assert f"pip env: PYTHONPATH=/elsewhere CUDA_HOME={stub} APEX_CPP_EXT=<unset> ARCH= JOBS=x " \
+        f"PATH={box.bin}:... PWD={src}" in box.calls()
+    assert f"legacy check env: PYTHONPATH={legacy}:/elsewhere PWD={box.workdir}" in box.calls()
+    assert "legacy apex.amp OK from" in (box.workdir / "verify.log").read_text()
+    marker = json.loads((box.workdir / "legacy-installed.json").read_text())
+    assert (marker["commit"], marker["path"]) == (LEGACY, str(legacy))
+    again = box.run("--legacy-only")
+    assert again.returncode == 0
+    assert f"legacy apex.amp {LEGACY} is already installed in {legacy}" in again.stdout
+    (legacy / "apex" / "amp.py").unlink()  # the marker matches, the install does not work
+    broken = box.run("--legacy-only")
+    assert "matches, but `from apex import amp` fails there; reinstalling." in broken.stdout
+    assert broken.returncode == 0 and (legacy / "apex" / "amp.py").exists()
+
+
+def test_children_are_told_the_folder_they_run_in(box: Sandbox) -> None:
+    """As after a shell's cd: a work folder reached through a symlink is named so ($PWD)."""
+    (box.root / "real-work").mkdir()
+    (box.root / "work").symlink_to(box.root / "real-work")
+    _current_marker(box)
+    assert box.run().returncode == 0
+    assert f"verify env: PYTHONPATH={REPO} PWD={box.workdir}" in box.calls()
+
+
+# -------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture
+def e2e(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A PATH with bash's few tools and a python3 that runs the build itself with the real
+    python and answers as the python to build for otherwise; the environment to run in."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("bash", "dirname", "cat"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    _write_exe(tmp_path / "bin" / "python3", PYTHON_SHIM.replace("REAL_PYTHON", FORWARD))
+    cuda = tmp_path / "cuda"
+    _write_exe(cuda / "bin" / "nvcc", NVCC_SHIM.format(v="13.0"))
+    lines = {**GOOD_PROBE, "nvcc": str(cuda / "bin" / "nvcc"), "nvcc_release": "13.0",
+             "nvcc_cuda_home": str(cuda)}
+    env = {"PATH": f"{tmp_path / 'bin'}:{tools}", "HOME": str(tmp_path), "LANG": "C",
+           "PYTHON": "python3", "APEX_WORKDIR": str(tmp_path / "work"),
+           "FAKE_CALLS": str(tmp_path / "calls.log"), "PYTHONPATH": "/elsewhere",
+           "FAKE_PROBE": "\n".join(f"{k}={v}" for k, v in lines.items())}
+    return tmp_path, env
+
+
+def _script(env: dict[str, str], *args: str, script: Path = SCRIPT, cwd: Path | None = None):
+    return subprocess.run([str(script), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_script_runs_the_build_help_usage_and_dry_run(e2e) -> None:
+    """./build_apex.sh is the same build: --help, a usage error's status, a happy dry run
+    (the probe in the python to build for, with the caller's PYTHONPATH as it was)."""
+    root, env = e2e
+    helped = _script(env, "--help")
+    assert helped.returncode == 0 and helped.stdout == options.usage()
+    wrong = _script(env, "--frobnicate")
+    assert wrong.returncode == 2 and "unknown option: --frobnicate" in wrong.stderr
+    dry = _script(env, "--dry-run", cwd=root)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stderr == "probe's own stderr\n"
+    assert plan(dry)["python"] == f"{root / 'bin' / 'python3'} (Python 3.11.9; from PYTHON)"
+    assert plan(dry)["CUDA_HOME"] == str(root / "cuda")
+    assert dry.stdout.endswith("build_apex.sh: dry run: nothing was cloned, built or installed.\n")
+    calls = (root / "calls.log").read_text().splitlines()
+    assert calls == [f"python3 - {REPO}", "probe env: PYTHONPATH=/elsewhere"], calls
+    assert not (root / "work").exists()
+
+
+def test_the_script_runs_under_python_when_there_is_no_python3(e2e) -> None:
+    root, env = e2e
+    (root / "bin" / "python3").rename(root / "bin" / "target-python")
+    result = _script(dict(env, PYTHON=str(root / "bin" / "target-python")), "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert plan(result)["python"].startswith(f"{root / 'bin' / 'target-python'} (Python 3.11.9")
+
+
+def test_the_script_without_any_python_says_so(e2e) -> None:
+    """No python3, no working $PYTHON and no .venv: one sentence, exit 3 (a preflight failure)."""
+    root, env = e2e
+    course = root / "course"
+    course.mkdir()
+    shutil.copy2(SCRIPT, course / "build_apex.sh")  # a checkout without a .venv
+    (root / "bin" / "python3").unlink()
+    result = _script(dict(env, PYTHON=str(root / "nothing")), "--dry-run",
+                     script=course / "build_apex.sh")
+    assert result.returncode == 3
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(
+        "build_apex.sh: error: no Python 3.8 or newer was found to run the build"), result.stderr
+    assert f"{course}/.venv/bin/python" in result.stderr and "set PYTHON" in result.stderr
 
 
 def _find_shellcheck() -> str | None:
@@ -1049,3 +1443,4 @@ def test_script_is_executable_with_env_bash_shebang() -> None:
     lines = SCRIPT.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
+    assert len(lines) <= 30, "build_apex.sh stays a thin shell over coursetools.apexbuild"
