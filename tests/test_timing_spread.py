@@ -156,9 +156,11 @@ def test_pct_text_never_prints_a_figure_the_check_flags():
 
 
 def test_pct_text_and_above_ceiling_flag_the_same_figures():
-    for pct in (0.0, 99.9, 100.0, 100.01, 150.0, float("nan")):
+    for pct in (0.0, 99.9, 100.0, 100.01, 101.9, 102.01, 150.0, float("nan")):
         flagged = bool(ceilings.above_ceiling({"x": pct}, "copy ceiling", "cpu"))
         assert flagged == ceilings.is_above(pct) == ("not shown" in ceilings.pct_text(pct))
+        assert flagged == (pct > 102.0)  # the ceiling's own measurement moves about 1%
+        assert ("at the ceiling" in ceilings.pct_text(pct)) == (100.0 < pct <= 102.0)
 
 
 # ------------------------------------------------------------------ 03: the verdict table
