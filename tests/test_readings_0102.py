@@ -80,9 +80,17 @@ def test_01_reading_gives_points_when_the_ceiling_holds():
     space = space_01(GAP, ceiling_tflops=250.0)  # 214.7 TFLOP/s back to back: 86%
     text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
                 cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    assert "reached 86% of the 250 TFLOP/s bf16 ceiling" in text
+    assert "Of the 250 TFLOP/s bf16 ceiling, the 1024x1024 product reached 86% in the first" in text
     assert "cannot be told apart from back to back, repeats 1-5 on this run (within 3%)" in text
     assert "L2 flush before each repeat: -14.3 points against back to back" in text
+
+
+def test_01_reading_says_at_the_ceiling_for_a_share_just_above_it():
+    space = space_01(GAP, ceiling_tflops=213.0)  # 214.7 TFLOP/s back to back: 100.8%
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    assert "and 100% (at the ceiling: within the 2% its measurement moves) over all" in text
+    assert "101%" not in text and ceilings.NOT_SHOWN not in text
 
 
 def test_01_noisy_conditions_are_not_read_as_a_change():
