@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from helpers import bench, legacy_amp
+from helpers import bench
+from helpers.chapters import legacy_amp
 
 child = legacy_amp.Child.from_argv()            # the plan: config, levels, eps, device
 cfg, device = child.cfg, child.device

@@ -13,15 +13,16 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import bench, gpt, machine, scaling
+from helpers import bench, gpt, launch, machine, run_profile
+from helpers.chapters import scaling
 
-plan, out = scaling.read_plan()               # --plan JSON --out PATH, from the notebook
+plan, out = launch.read_plan()                # --plan JSON --out PATH, from the notebook
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # set by torchrun
 local_rank = int(os.environ["LOCAL_RANK"])    # this rank's GPU on this machine
 if plan["backend"] == "nccl":
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)             # one GPU per rank, before any CUDA work
-    cap = machine.cap_gpu_memory(local_rank)  # COURSE_GPU_MEMORY_GIB holds in every rank too
+    cap = run_profile.cap_gpu_memory(local_rank)  # COURSE_GPU_MEMORY_GIB holds in every rank too
     if cap and rank == 0:
         print(cap)
 else:
@@ -136,5 +137,5 @@ for variant in plan["variants"]:              # "plain (repeat 1)", "plain (seed
         print(f"{variant}, {world} rank(s): {run.timing.median_ms:.1f} ms/step, loss "
               f"{run.losses[0]:.4f} -> {run.losses[-1]:.4f}")
 if rank == 0:
-    scaling.write_result(out, results)
+    launch.write_result(out, results)
 dist.destroy_process_group()
