@@ -29,8 +29,9 @@ class CourseError(Exception):
 def _script_hook(kind, value, tb, _previous=sys.excepthook) -> None:
     """A script's uncaught :class:`CourseError` is its sentence on stderr and exit status 1
     (what ``SystemExit(sentence)`` gives), not a traceback; anything else goes on as before."""
-    if isinstance(value, CourseError):
-        print(value, file=sys.stderr)
+    if isinstance(value, CourseError):  # one write: ranks failing together do not interleave
+        sys.stderr.write(f"{value}\n")
+        sys.stderr.flush()
         return
     _previous(kind, value, tb)
 
