@@ -19,7 +19,7 @@ import sys
 import time
 
 from coursetools.apexbuild import constants as c
-from coursetools.apexbuild.console import die, exit_status, say, tail, warn
+from coursetools.apexbuild.console import die, exit_status, run_logged, say, tail, warn
 from coursetools.apexbuild.options import env_in
 from coursetools.apexbuild.plan import json_get
 from coursetools.apexbuild.preflight import Preflight
@@ -257,12 +257,7 @@ class MainBuild:
             log.flush()
             cmd = [pre.python_bin, "-m", "pip", "install", "-v", "--no-build-isolation",
                    "--no-deps", "."]
-            try:
-                rc = exit_status(subprocess.run(cmd, cwd=src, env=env, stdout=log,
-                                                stderr=subprocess.STDOUT).returncode)
-            except OSError as exc:
-                log.write(f"{exc}\n".encode("utf-8", "surrogateescape"))
-                rc = 126
+            rc = run_logged(cmd, src, env, log)
         seconds = int(time.time()) - start
         if rc != 0:
             tail(opts.build_log)

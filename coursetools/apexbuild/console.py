@@ -58,3 +58,16 @@ def tail(path: str, count: int = 30) -> None:
     else:
         raw.write(text)
         raw.flush()
+
+
+def run_logged(cmd: list[str], cwd, env: dict, log) -> int:
+    """Run ``cmd`` with its stdout and stderr into the open binary ``log``; its exit status
+    (126, with the reason in the log, when it cannot start)."""
+    import subprocess
+
+    try:
+        return exit_status(subprocess.run(cmd, cwd=cwd, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT).returncode)
+    except OSError as exc:
+        log.write(f"{exc}\n".encode("utf-8", "surrogateescape"))
+        return 126

@@ -9,7 +9,7 @@ import subprocess
 
 from coursetools.apexbuild import constants as c
 from coursetools.apexbuild.build import flush, remove, stage_source, utc_now, write_marker
-from coursetools.apexbuild.console import die, exit_status, say, tail
+from coursetools.apexbuild.console import die, run_logged, say, tail
 from coursetools.apexbuild.options import env_in
 from coursetools.apexbuild.plan import json_get
 from coursetools.apexbuild.preflight import Preflight
@@ -86,12 +86,7 @@ def install(pre: Preflight) -> None:
            "--target", opts.legacy_dir, "."]
     flush()
     with open(opts.legacy_log, "wb") as log:
-        try:
-            rc = exit_status(subprocess.run(cmd, cwd=src, env=env, stdout=log,
-                                            stderr=subprocess.STDOUT).returncode)
-        except OSError as exc:
-            log.write(f"{exc}\n".encode("utf-8", "surrogateescape"))
-            rc = 126
+        rc = run_logged(cmd, src, env, log)
     if rc != 0:
         tail(opts.legacy_log)
         die(4, f"pip install of the legacy Apex failed (exit {rc}); the last 30 lines are above, "
