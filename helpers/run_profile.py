@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from helpers import machine
 from helpers.errors import CourseError
 from helpers.settings import HEADLESS_VAR, MEMORY_VAR, PROFILE_VAR
 
@@ -106,7 +107,7 @@ def resolve(requested: str | None = None, *, cuda: bool | None = None) -> Profil
     otherwise. ``full`` without a CUDA GPU is refused with a clear message.
     """
     if cuda is None:
-        cuda = torch.cuda.is_available()
+        cuda = machine.cuda_available()
     name = (requested or "").strip().lower()
     if name in ("", "auto"):
         name = os.environ.get(PROFILE_VAR, "").strip().lower() or "auto"
