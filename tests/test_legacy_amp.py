@@ -113,6 +113,39 @@ def test_scale_traces_find_halvings_and_growth():
     assert (row["scale_first_step"], row["scale_final"], row["scale_min"]) == (4.0, 4.0, 2.0)
 
 
+
+def test_scale_reading_names_the_runs_whose_scale_moved():
+    steady = bench.Run("steady", "cuda", extra={"loss_scales": [8.0, 8.0, 8.0]})
+    moved = bench.Run("moved", "cuda", extra={"loss_scales": [8.0, 4.0, 4.0, 8.0]})
+    calm = legacy_amp.scale_reading(legacy_amp.scale_traces([steady]))
+    assert calm.startswith("No loss scale moved in the 1 runs"), calm
+    text = legacy_amp.scale_reading(legacy_amp.scale_traces([steady, moved]))
+    assert "moved halved it at steps [1] and grew it at steps [3]" in text, text
+    assert "steady" not in text and "No loss scale" not in text
+    assert legacy_amp.scale_reading(legacy_amp.scale_traces([])) == "No run here has a loss scale."
+
+
+def test_o3_table_reads_each_pure_fp16_run():
+    def run(label, losses):
+        return bench.Run(label, "cuda", losses=losses, step_ms=[1.0] * len(losses), warmup=0)
+
+    base = run("fp32", [4.0] * 10 + [1.0] * 10)
+    runs = [run("O3", [4.0, float("nan")] + [float("nan")] * 18),
+            run("O3 eps=0.0001", [4.0] * 5 + [8.0] * 5 + [4.0] * 10),  # never fell: not learned
+            run("O3 eps=0.001", [4.0] * 10 + [1.5] * 10),  # learned, +50%
+            run("O3 eps=0.003", [4.0] * 10 + [1.01] * 10)]  # learned, +1%
+    eps = {"O3": 1e-8, "O3 eps=0.0001": 1e-4, "O3 eps=0.001": 1e-3, "O3 eps=0.003": 3e-3}
+    by = legacy_amp.o3_table(runs, base, 0.02, eps).set_index("run")
+    assert by.loc["O3", "outcome"] == "non-finite from step 1"
+    assert by.loc["O3", "eps_in_fp16"] == 0.0  # 1e-8 rounds to 0 in fp16
+    assert by.loc["O3 eps=0.0001", "outcome"] == "did not learn (highest loss 8)"
+    assert by.loc["O3 eps=0.001", "outcome"] == "learned, outside the 2% tolerance"
+    assert by.loc["O3 eps=0.001", "vs_fp32_pct"] == pytest.approx(50.0)
+    assert by.loc["O3 eps=0.003", "outcome"] == "learned, within the 2% tolerance"
+    wider = legacy_amp.o3_table(runs, base, 0.6, eps).set_index("run")  # the verdict flips
+    assert wider.loc["O3 eps=0.001", "outcome"] == "learned, within the 60% tolerance"
+
+
 # ------------------------------------------------------------------ checks
 def _fp16_recipe(skip_on_inf: bool = True):
     model = legacy_amp.make_model(CFG)

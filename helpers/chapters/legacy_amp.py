@@ -273,6 +273,46 @@ def scale_traces(runs: list[bench.Run]):
                                        "halved_at_steps", "grown_at_steps"])
 
 
+def scale_reading(traces) -> str:
+    """Section 6's sentence on :func:`scale_traces`: the runs whose loss scale moved (a halving
+    is an overflow, and that step was skipped), or that no scale moved."""
+    moved = [f"{r.run} halved it at steps {r.halved_at_steps}"
+             + (f" and grew it at steps {r.grown_at_steps}" if r.grown_at_steps else "")
+             if r.halved_at_steps else f"{r.run} grew it at steps {r.grown_at_steps}"
+             for r in traces.itertuples() if r.halved_at_steps or r.grown_at_steps]
+    if traces.empty:
+        return "No run here has a loss scale."
+    if not moved:
+        return (f"No loss scale moved in the {len(traces)} runs that have one: no step "
+                "overflowed, so none was skipped.")
+    return "Loss scale: " + "; ".join(moved) + " (each halving skipped its step)."
+
+
+def o3_table(runs: list[bench.Run], base: bench.Run, tolerance: float,
+             eps: dict[str, float]):
+    """Section 6's O3 table: one row per pure-fp16 run (``eps``: label -> its Adam eps) with the
+    eps as fp16 stores it and what happened - non-finite from step n, finite but not learned,
+    or learned within or outside ``tolerance`` (a fraction) of ``base``'s (fp32) final loss."""
+    import pandas as pd
+
+    rows = []
+    for r in runs:
+        e = eps.get(r.label, math.nan)
+        gap = (r.final_loss - base.final_loss) / base.final_loss if r.finite else math.nan
+        if not r.finite:
+            outcome = f"non-finite from step {r.first_nonfinite_step}"
+        elif not r.learned:
+            outcome = f"did not learn (highest loss {max(r.losses):.4g})"
+        else:
+            where = "within" if abs(gap) <= tolerance else "outside"
+            outcome = f"learned, {where} the {tolerance:.0%} tolerance"
+        rows.append({"run": r.label, "adam_eps": e, "eps_in_fp16": float(torch.tensor(e).half()),
+                     "outcome": outcome, "final_loss": r.final_loss if r.finite else math.nan,
+                     "vs_fp32_pct": 100 * gap})
+    return pd.DataFrame(rows, columns=["run", "adam_eps", "eps_in_fp16", "outcome",
+                                       "final_loss", "vs_fp32_pct"])
+
+
 # ------------------------------------------------------------------ step times
 def fastest_step(times) -> str:
     """The fastest run of a table of :meth:`helpers.bench.Run.row` rows by the tie rule, or
