@@ -215,19 +215,23 @@ def hold_gpu(device: torch.device | str, ms: float = 2.0) -> Callable[[], None] 
 
 
 def gpu_time(fn: Callable[[], object], device: torch.device | str, *, warmup: int,
-             repeats: int, label: str = "") -> tuple[Timing, float]:
+             repeats: int, label: str = "",
+             setup: Callable[[], object] | None = None) -> tuple[Timing, float]:
     """GPU time of ``fn`` and ``call_ms``, the median of back-to-back calls without a hold
     (host cost included: where the host is slower than the GPU, the GPU waits for it).
 
     The GPU time is measured behind :func:`hold_gpu`, sized to twice the third quartile of
     ``call_ms`` (at least 2 ms): a fixed hold shorter than the host's cost of one call would
-    let launch gaps back into the timed window. On the CPU both are the same timing."""
+    let launch gaps back into the timed window. On the CPU both are the same timing.
+    ``setup``, when given, runs untimed before every call of both timings (before the hold)."""
     device = torch.device(device)
-    calls = benchmark(fn, warmup=warmup, repeats=repeats, device=device, label=label)
+    calls = benchmark(fn, warmup=warmup, repeats=repeats, device=device, label=label,
+                      setup=setup)
     if device.type != "cuda":
         return calls, calls.median_ms
     hold = hold_gpu(device, ms=max(2.0, 2 * calls.q3_ms))
-    timing = benchmark(fn, warmup=warmup, repeats=repeats, device=device, setup=hold,
+    before = hold if setup is None else (lambda: (setup(), hold()))
+    timing = benchmark(fn, warmup=warmup, repeats=repeats, device=device, setup=before,
                        label=label)
     return timing, calls.median_ms
 

@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 import torch
@@ -236,6 +236,23 @@ def breaking_line(grown: pd.DataFrame, cast: str) -> str:
             f"({limit:.3g}) from an outlier token x{factor:,.0f} on")
 
 
+# A product through FP8 must round at least this many times as coarsely as the same product
+# with bf16 operands: FP8's unit roundoff is 16 (e4m3) or 32 (e5m2) times bf16's, so an error
+# within a few percent of bf16's says the product did not go through FP8.
+FP8_OVER_BF16 = 2.0
+
+
+def product_ok(err: float, floor: float, tolerance: float, *, through_fp8: bool) -> bool:
+    """Whether a float8 Linear's product error is where it belongs: through FP8, strictly above
+    :data:`FP8_OVER_BF16` x ``floor`` (the bf16 copy's error) and strictly below ``tolerance``
+    (one FP8 rounding); with both operands in high precision, no worse than ``floor``."""
+    if not all(math.isfinite(v) for v in (err, floor, tolerance)):
+        return False
+    if through_fp8:
+        return FP8_OVER_BF16 * floor < err < tolerance
+    return err <= floor
+
+
 def capture(linear: nn.Module, run: Callable[[], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The input entering ``linear`` and the gradient arriving at its output while ``run()``
     computes a loss and it is backpropagated, each as a (rows, features) float32 copy."""
@@ -280,13 +297,37 @@ def rel_error(a: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------ the width sweep
+def launch_bound(call_ms: float, timing: bench.Timing) -> bool:
+    """True when back-to-back calls (``call_ms``, host included) are clearly slower than the
+    GPU time: above it and not a tie by :func:`helpers.verdicts.is_tie` read against the GPU
+    time's IQR - notebook 03's rule. On the CPU both are one timing: never launch-bound."""
+    if not (call_ms > timing.median_ms > 0):
+        return False
+    return not verdicts.is_tie(call_ms, timing.median_ms, b_iqr=(timing.q1_ms, timing.q3_ms))
+
+
+def cast_mb(tokens: int, in_features: int, out_features: int, recipe: str) -> float:
+    """MB a recipe's casts must move at least, counted (not measured): the input (tokens x in),
+    the weight (in x out) and the output gradient (tokens x out) each read once in bf16 (2
+    bytes) and written once in FP8 (1 byte); rowwise casts each twice, with a scale along each
+    axis (one per product it enters); bf16 casts nothing."""
+    if recipe == "bf16":
+        return 0.0
+    elements = tokens * in_features + in_features * out_features + tokens * out_features
+    return (2 if recipe.startswith("rowwise") else 1) * 3 * elements / 1e6
+
+
 def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: int, *,
               device: torch.device, dtype: torch.dtype = torch.bfloat16, warmup: int = 3,
               repeats: int = 20, count: bool = False, seed: int = 0) -> dict:
     """Forward + backward of ``linear`` on a fixed random (tokens x in_features) input that
     requires grad, so all three matrix products run (output, grad_input, grad_weight); the
-    gradients are cleared before each call, untimed. The first call (compilation, if any) is
-    timed apart on the host's clock (``first_s``); ``count`` adds the kernels of one call."""
+    gradients are cleared before each call, untimed. Timed with :func:`helpers.bench.gpu_time`:
+    the median and IQR are GPU time (the host's launches kept out of the window), ``call_ms``
+    the median of back-to-back calls, host included, and ``launch_bound`` says whether the host
+    made the call slower than its GPU work (:func:`launch_bound`). The first call (compilation,
+    if any) is timed apart on the host's clock (``first_s``); ``count`` adds the kernels of one
+    call."""
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(tokens, in_features, device=device, dtype=dtype, generator=gen)
     x.requires_grad_(True)
@@ -302,9 +343,10 @@ def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: in
         linear(x).backward(grad)
 
     first_s = bench.wall_s(lambda: (reset(), call()), device)
-    timing = bench.benchmark(call, setup=reset, warmup=warmup, repeats=repeats, device=device)
+    timing, call_ms = bench.gpu_time(call, device, warmup=warmup, repeats=repeats, setup=reset)
     result = {"median_ms": timing.median_ms, "q1_ms": timing.q1_ms, "q3_ms": timing.q3_ms,
-              "iqr_ms": timing.iqr_ms, "first_s": first_s,
+              "iqr_ms": timing.iqr_ms, "call_ms": call_ms,
+              "launch_bound": launch_bound(call_ms, timing), "first_s": first_s,
               "compile_s": max(0.0, first_s - timing.median_ms / 1e3)}
     if count:
         counted = kernels.count_kernels(lambda: (reset(), call()), device)
@@ -326,6 +368,10 @@ def sweep_table(rows: list[dict]) -> pd.DataFrame:
     df["tflops"] = df["flops"] / (df["median_ms"] * 1e-3) / 1e12
     base = df[df["recipe"] == "bf16"].set_index("shape")["median_ms"]
     df["ratio_vs_bf16"] = df["shape"].map(base) / df["median_ms"]
+    df["extra_ms_vs_bf16"] = df["median_ms"] - df["shape"].map(base)
+    df["cast_mb"] = [cast_mb(int(t), int(k), int(n), str(r)) for t, k, n, r in
+                     zip(df["tokens"], df["in_features"], df["out_features"], df["recipe"],
+                         strict=True)]
     return df
 
 
@@ -380,6 +426,218 @@ def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
                 f"{high}; ratio to bf16 {at}.")
     return (f"float8 {recipe} is faster than bf16 from width {width} up, not below; ratio to "
             f"bf16 {at}.")
+
+
+def sweep_reading(sweep: pd.DataFrame, recipe: str) -> str:
+    """One sentence from the sweep's square rows: at the narrowest and the widest width, the
+    recipe's GPU time against bf16's, its kernels per call (where counted), the MB its casts
+    move (counted) and its TFLOP/s; then which rows were launch-bound."""
+    square = sweep[sweep["kind"] == "square"].set_index(["in_features", "recipe"])
+    widths = sorted({w for w, r in square.index if r == recipe and (w, "bf16") in square.index})
+    if not widths:
+        return f"float8 {recipe}: no square width was measured beside bf16."
+    parts = []
+    for w in dict.fromkeys((widths[0], widths[-1])):
+        row, base = square.loc[(w, recipe)], square.loc[(w, "bf16")]
+        kern = ("" if "kernels" not in square or pd.isna(row.get("kernels"))
+                or pd.isna(base.get("kernels")) else
+                f", {row['kernels']:.0f} kernels per call against {base['kernels']:.0f}")
+        parts.append(f"at width {w} {row['median_ms']:.3g} ms of GPU time against bf16's "
+                     f"{base['median_ms']:.3g} ({row['tflops']:.3g} against "
+                     f"{base['tflops']:.3g} TFLOP/s){kern}, {row['cast_mb']:.3g} MB cast")
+    bound = sweep[sweep["launch_bound"].astype(bool)] if "launch_bound" in sweep else sweep[:0]
+    where = (", ".join(f"{s} {r}" for s, r in zip(bound["shape"], bound["recipe"], strict=True))
+             or "none")
+    return f"float8 {recipe}: " + "; ".join(parts) + f". Launch-bound rows: {where}."
+
+
+def linear_shapes(model: nn.Module, module_filter_fn: Callable[[nn.Module, str], bool]
+                  | None = None) -> dict[tuple[int, int], int]:
+    """(in_features, out_features) -> how many of the model's Linears have that shape, of those
+    ``module_filter_fn(module, fqn)`` accepts (all of them without one)."""
+    counts: dict[tuple[int, int], int] = {}
+    for fqn, module in model.named_modules():
+        if isinstance(module, nn.Linear) and (module_filter_fn is None
+                                              or module_filter_fn(module, fqn)):
+            key = (module.in_features, module.out_features)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def predict_step(sweep: pd.DataFrame, shapes: dict[tuple[int, int], int], recipe: str, *,
+                 tokens: int) -> dict:
+    """The change in step time the sweep predicts when a model's Linears of ``shapes`` (count
+    each) go from bf16 to ``recipe``: the sum of count x (recipe's GPU time - bf16's) at each
+    shape and ``tokens``, with a range from the quartiles (the recipe's first minus bf16's
+    third, and the other way round); NaN, with ``missing`` naming a shape, when one was not
+    swept."""
+    rows = sweep[sweep["tokens"] == tokens].set_index(["in_features", "out_features", "recipe"])
+    total = {"predicted_delta_ms": 0.0, "predicted_low_ms": 0.0, "predicted_high_ms": 0.0,
+             "predicted_bf16_linears_ms": 0.0, "linears": sum(shapes.values()), "missing": ""}
+    for (k, n), count in shapes.items():
+        if (k, n, recipe) not in rows.index or (k, n, "bf16") not in rows.index:
+            nan = dict.fromkeys(("predicted_delta_ms", "predicted_low_ms", "predicted_high_ms",
+                                 "predicted_bf16_linears_ms"), math.nan)
+            return {**total, **nan, "missing": f"{k}x{n}"}
+        a, b = rows.loc[(k, n, recipe)], rows.loc[(k, n, "bf16")]
+        total["predicted_delta_ms"] += count * (a["median_ms"] - b["median_ms"])
+        total["predicted_low_ms"] += count * (a["q1_ms"] - b["q3_ms"])
+        total["predicted_high_ms"] += count * (a["q3_ms"] - b["q1_ms"])
+        total["predicted_bf16_linears_ms"] += count * b["median_ms"]
+    return total
+
+
+# torchao's published end-to-end figures (not measured here): torchtitan, Llama3-8B, 8 H100s,
+# batch 1 x 8192, torch.compile, FSDP2, per-op SAC; the speedup of median tokens/s over bf16.
+PUBLISHED = {"tensorwise": 1.2503, "rowwise": 1.1005}
+PUBLISHED_SOURCE = ("torchao's published figure (H100: torchtitan Llama3-8B on 8 GPUs, "
+                    "torchao's float8 README, github.com/pytorch/ao)")
+
+
+def reconcile_row(model: str, recipe: str, e2e: pd.DataFrame, predicted: dict,
+                  baseline: str = "bf16") -> dict:
+    """One row of the sweep-against-step table: the measured step times of ``baseline`` and
+    ``recipe`` in ``e2e`` (an :func:`end_to_end_table`), their difference with a range from the
+    quartiles, the sweep's predicted difference and range (:func:`predict_step`), the
+    predicted speedup (baseline's measured step over it plus the predicted difference) beside
+    the measured one, and whether the two ranges overlap."""
+    ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
+    row = {"model": model, "recipe": recipe, **predicted}
+    if baseline not in getattr(ran, "index", []) or recipe not in ran.index:
+        return {**row, "reading": "not measured (a run did not run)"}
+    a, b = ran.loc[recipe], ran.loc[baseline]
+    low, high = a["step_ms_q1"] - b["step_ms_q3"], a["step_ms_q3"] - b["step_ms_q1"]
+    delta = a["step_ms"] - b["step_ms"]
+    pred = predicted["predicted_delta_ms"]
+    row.update(bf16_step_ms=b["step_ms"], float8_step_ms=a["step_ms"], measured_delta_ms=delta,
+               measured_low_ms=low, measured_high_ms=high,
+               measured_speedup=b["step_ms"] / a["step_ms"],
+               predicted_speedup=b["step_ms"] / (b["step_ms"] + pred),
+               published_speedup=PUBLISHED.get(recipe, math.nan))
+    if not math.isfinite(pred):
+        reading = f"no prediction: the sweep did not time {predicted['missing']}"
+    elif predicted["predicted_low_ms"] <= high and low <= predicted["predicted_high_ms"]:
+        reading = "prediction and measurement overlap"
+    else:
+        reading = (f"the sweep's prediction lies {abs(pred - delta):.3g} ms per step "
+                   + ("above" if pred > delta else "below") + " the measured change")
+    return {**row, "reading": reading}
+
+
+def reconcile_line(row: dict | pd.Series) -> str:
+    """One sentence of a :func:`reconcile_row`: predicted against measured change per step."""
+    if "measured_delta_ms" not in row or pd.isna(row.get("measured_delta_ms")):
+        return f"{row['model']}, float8 {row['recipe']}: {row['reading']}."
+    pred = (f"predicted {row['predicted_delta_ms']:+.3g} ms per step from the sweep "
+            f"({row['predicted_low_ms']:+.3g} to {row['predicted_high_ms']:+.3g}; a predicted "
+            f"{row['predicted_speedup']:.2f}x)" if math.isfinite(row["predicted_delta_ms"])
+            else "no prediction")
+    return (f"{row['model']}, float8 {row['recipe']}: {pred}, measured "
+            f"{row['measured_delta_ms']:+.3g} ms ({row['measured_low_ms']:+.3g} to "
+            f"{row['measured_high_ms']:+.3g}; {row['measured_speedup']:.2f}x) - "
+            f"{row['reading']}.")
+
+
+# ------------------------------------------------------------------ torchao's auto filter
+def filter_table(models: dict[str, nn.Module], filters: dict[str, Callable[[nn.Module, str], bool]],
+                 sweep: pd.DataFrame) -> pd.DataFrame:
+    """One row per model, Linear (blocks numbered as ``blocks.*``), shape and recipe: whether
+    ``filters[recipe]`` (e.g. torchao's ``_auto_filter_for_recipe``) converts it, the sweep's
+    ratio to bf16 at that shape, whether the sweep found float8 faster there (tie rule), and
+    whether the filter's choice agrees with the sweep (empty where the shape was not swept)."""
+    keyed = (sweep.set_index(["in_features", "out_features", "recipe"]) if len(sweep)
+             else pd.DataFrame())
+    rows = []
+    for model_name, model in models.items():
+        families: dict[str, tuple[str, nn.Module, int]] = {}  # family: (first fqn, module, count)
+        for fqn, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                family = re.sub(r"^blocks\.\d+\.", "blocks.*.", fqn)
+                first, kept, count = families.get(family, (fqn, module, 0))
+                families[family] = (first, kept, count + 1)
+        for family, (fqn, module, count) in families.items():
+            k, n = module.in_features, module.out_features
+            for recipe, accept in filters.items():
+                converts = bool(accept(module, fqn))
+                ratio, faster = math.nan, None
+                if (k, n, recipe) in keyed.index and (k, n, "bf16") in keyed.index:
+                    ratio = float(keyed.loc[(k, n, recipe), "ratio_vs_bf16"])
+                    faster = _faster(keyed.loc[(k, n, recipe)], keyed.loc[(k, n, "bf16")])
+                rows.append({"model": model_name, "linear": family, "in x out": f"{k} x {n}",
+                             "count": count, "recipe": recipe, "auto_filter_converts": converts,
+                             "sweep_ratio_vs_bf16": ratio, "sweep_faster": faster,
+                             "agrees": None if faster is None else converts == faster})
+    return pd.DataFrame(rows)
+
+
+def filter_reading(table: pd.DataFrame) -> list[str]:
+    """One line per model and recipe: which Linears the filter converts, and at how many of
+    the swept shapes its choice agrees with the sweep's tie-rule reading."""
+    lines = []
+    for (model, recipe), part in table.groupby(["model", "recipe"], sort=False):
+        kept = [f"{r.linear} ({r.count})" for r in part.itertuples() if r.auto_filter_converts]
+        read = part[part["agrees"].notna()]
+        agree = (f"; it agrees with the sweep at {int(read['agrees'].astype(bool).sum())} of "
+                 f"{len(read)} swept shapes" if len(read) else "; none of its shapes was swept")
+        lines.append(f"{model}, {recipe}: the auto filter converts "
+                     + (", ".join(kept) if kept else "no Linear") + agree)
+    return lines
+
+
+# ------------------------------------------------------------------ what is saved for backward
+def _storages(t: torch.Tensor):
+    """(storage address, bytes, dtype) of a tensor, or of a tensor subclass's inner tensors."""
+    if type(t) not in (torch.Tensor, nn.Parameter) and hasattr(type(t), "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+        return
+    storage = t.untyped_storage()
+    yield storage.data_ptr(), storage.nbytes(), t.dtype
+
+
+def saved_for_backward(run: Callable[[], torch.Tensor],
+                       params: Iterable[torch.Tensor]) -> pd.DataFrame:
+    """What autograd keeps for backward while ``run()`` runs its forward (counted with
+    ``torch.autograd.graph.saved_tensors_hooks``, each storage once): MiB by dtype, and whether
+    the storage is one of ``params`` (a parameter kept by reference: no new memory) or new
+    memory (an activation or a copy). The graph is then freed (no backward)."""
+    param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, tuple[int, torch.dtype]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        for ptr, nbytes, dtype in _storages(t):
+            seen.setdefault(ptr, (nbytes, dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    del out
+    rows: dict[tuple[str, str], float] = {}
+    for ptr, (nbytes, dtype) in seen.items():
+        key = (str(dtype).removeprefix("torch."),
+               "parameter (no new memory)" if ptr in param_ptrs else "new memory")
+        rows[key] = rows.get(key, 0.0) + nbytes / 2**20
+    return pd.DataFrame([{"dtype": d, "kind": k, "mib": v} for (d, k), v in sorted(rows.items())],
+                        columns=["dtype", "kind", "mib"])
+
+
+def held_for_backward_gib(forward: Callable[[], torch.Tensor], device: torch.device | str,
+                          params: Iterable[torch.Tensor] = ()) -> float:
+    """GiB the forward ``forward()`` leaves allocated until its backward: on a GPU the growth
+    of ``torch.cuda.memory_allocated`` while its loss is alive (what the compiled graph saves,
+    whatever it is); on the CPU the new memory :func:`saved_for_backward` counts."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        table = saved_for_backward(forward, params)
+        return float(table.loc[table["kind"] == "new memory", "mib"].sum()) / 1024
+    bench.sync(device)
+    before = torch.cuda.memory_allocated(device)
+    loss = forward()
+    bench.sync(device)
+    held = torch.cuda.memory_allocated(device) - before
+    del loss
+    return held / 2**30
 
 
 # ------------------------------------------------------------------ end to end
