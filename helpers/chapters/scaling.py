@@ -11,8 +11,9 @@
 - the noise floor: the baseline trained again in the same launch (same seed, and one other
   seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
   verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
-- the memory and communication model of DDP, ZeRO-1, ZeRO-2 and FSDP2 (ZeRO-3), its tables and
-  its chart, the link's datasheet figure, notebook 05's step time (:func:`compute_from_05`, on
+- the tables and the chart of the memory and communication model (its formulas are the
+  notebook's cells, passed in), the interleaved timing rounds of the wrappers' cost
+  (:func:`settled`, :func:`rounds_table`), the link's datasheet figure, notebook 05's step time (:func:`compute_from_05`, on
   the table the notebook read);
 - Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
   with ``ast``, never imported) and in this torch.
@@ -383,39 +384,22 @@ def overhead_phrase(table: pd.DataFrame, variant: str, baseline: str = "plain") 
 
 
 # ------------------------------------------------------------------ memory and communication
+# The formulas (bytes per parameter, the collectives' ring factors, the step time) are written in
+# the notebook's cells; these tabulate whatever functions the cells pass in.
 # Larger GPTs of the same architecture, on paper: GPT-2 XL's shape (48 x 1600, GPT-2's
 # vocabulary of 50,257 tokens, padded to 50,304) and a 7B-class shape (32 x 4096, 32,000 tokens).
 GPT2_XL = gpt.GPTConfig(n_layer=48, d_model=1600, n_head=25, seq_len=1024, vocab=50257)
 GPT_7B = gpt.GPTConfig(n_layer=32, d_model=4096, n_head=32, seq_len=2048, vocab=32000)
 
-BYTES = {"param": 4, "grad": 4, "adam": 8}  # autocast: fp32 weights and grads, two fp32 moments
-
-# name: (parameters, gradients, Adam state) sharded?, DDP's gradient buckets?, and the
-# collectives of one step as (kind, bytes per parameter); what implements it.
-STRATEGIES: dict[str, dict] = {
-    "DDP": dict(shard=(False, False, False), buckets=True,
-                comm=[("all-reduce", 4)], how="DistributedDataParallel"),
-    "ZeRO-1": dict(shard=(False, False, True), buckets=True,
-                   comm=[("all-reduce", 4), ("all-gather", 4)],
-                   how="DDP + ZeroRedundancyOptimizer (all-reduce, then each rank broadcasts "
-                       "its updated shard)"),
-    "ZeRO-2": dict(shard=(False, True, True), buckets=False,
-                   comm=[("reduce-scatter", 4), ("all-gather", 4)],
-                   how="Apex DistributedFusedAdam; fully_shard(reshard_after_forward=False)"),
-    "FSDP2 (ZeRO-3)": dict(shard=(True, True, True), buckets=False,
-                           comm=[("all-gather", 4), ("all-gather", 4), ("reduce-scatter", 4)],
-                           how="fully_shard: gather for forward, again for backward, "
-                               "reduce-scatter the grads"),
-    "FSDP2, bf16 gathers": dict(shard=(True, True, True), buckets=False,
-                                comm=[("all-gather", 2), ("all-gather", 2),
-                                      ("reduce-scatter", 4)],
-                                how="fully_shard(mp_policy=MixedPrecisionPolicy("
-                                    "param_dtype=bfloat16, reduce_dtype=float32))"),
-}
+def params_of(cfg: gpt.GPTConfig) -> int:
+    """The model's parameter count (the tied head counted once), by notebook 05's formula."""
+    return gpt.non_embedding_params(cfg) + gpt.embedding_params(cfg)
 
 
-def strategies_table() -> pd.DataFrame:
-    """What each strategy splits over the GPUs, its collectives per step, what implements it."""
+def strategies_table(strategies: dict[str, dict]) -> pd.DataFrame:
+    """What each strategy (the notebook's ``STRATEGIES``: ``shard`` = (params, grads, Adam)
+    sharded?, ``buckets``, ``comm`` = [(collective, bytes per parameter)], ``how``) splits over
+    the GPUs, its collectives per step, what implements it."""
     def part(sharded: bool) -> str:
         return "1/N" if sharded else "whole"
 
@@ -423,47 +407,17 @@ def strategies_table() -> pd.DataFrame:
         "strategy": name, "params": part(s["shard"][0]), "grads": part(s["shard"][1]),
         "adam_state": part(s["shard"][2]), "ddp_buckets": s["buckets"],
         "collectives": " + ".join(f"{kind} ({per} B/param)" for kind, per in s["comm"]),
-        "implemented_by": s["how"]} for name, s in STRATEGIES.items()])
+        "implemented_by": s["how"]} for name, s in strategies.items()])
 
 
-def collective_bytes(kind: str, nbytes: float, world: int) -> float:
-    """Bytes each rank sends in a ring collective over ``nbytes``: all-reduce 2(N-1)/N x bytes,
-    reduce-scatter and all-gather (N-1)/N x bytes (the whole tensor's size)."""
-    share = (world - 1) / world
-    return {"all-reduce": 2 * share, "reduce-scatter": share, "all-gather": share}[kind] * nbytes
-
-
-def memory_per_gpu(n_params: int, world: int, strategy: str) -> dict[str, float]:
-    """Bytes per GPU of parameters, gradients, Adam state and DDP's buckets (activations and
-    transient gathers left out: they do not depend on the strategy's bookkeeping)."""
-    spec = STRATEGIES[strategy]
-    parts = {}
-    for (name, per), sharded in zip(BYTES.items(), spec["shard"], strict=True):
-        parts[name] = n_params * per / (world if sharded else 1)
-    parts["buckets"] = n_params * BYTES["grad"] if spec["buckets"] else 0.0
-    parts["total"] = sum(parts.values())
-    return parts
-
-
-def comm_per_gpu(n_params: int, world: int, strategy: str) -> float:
-    """Bytes each GPU sends in one optimizer step (no gradient accumulation)."""
-    return sum(collective_bytes(kind, n_params * per, world)
-               for kind, per in STRATEGIES[strategy]["comm"])
-
-
-def step_ms(compute_ms: float, comm_bytes: float, link_gbps: float, overlap: bool) -> float:
-    """A step's predicted time: compute plus communication at ``link_gbps`` (bandwidth only, no
-    latency), or the larger of the two when communication hides completely behind compute."""
-    comm_ms = comm_bytes / (link_gbps * 1e9) * 1e3
-    return max(compute_ms, comm_ms) if overlap else compute_ms + comm_ms
-
-
-def memory_table(models: dict[str, gpt.GPTConfig], gpus=(1, 2, 4, 8)) -> pd.DataFrame:
-    """Bytes per GPU (GiB) for every model, strategy and GPU count."""
+def memory_table(models: dict[str, gpt.GPTConfig], memory_per_gpu, strategies,
+                 gpus=(1, 2, 4, 8)) -> pd.DataFrame:
+    """``memory_per_gpu(n_params, world, strategy)`` (bytes by part, with a 'total') tabulated
+    in GiB for every model, strategy (names of ``strategies``) and GPU count."""
     rows = []
     for label, cfg in models.items():
-        n = gpt.non_embedding_params(cfg) + gpt.embedding_params(cfg)
-        for strategy in STRATEGIES:
+        n = params_of(cfg)
+        for strategy in strategies:
             for world in gpus:
                 gib = {f"{k}_gib": v / 2**30 for k, v in memory_per_gpu(n, world,
                                                                          strategy).items()}
@@ -473,19 +427,23 @@ def memory_table(models: dict[str, gpt.GPTConfig], gpus=(1, 2, 4, 8)) -> pd.Data
 
 
 def comm_table(models: dict[str, gpt.GPTConfig], compute_ms: dict[str, float],
-               link_gbps: float, gpus=(1, 2, 4, 8)) -> pd.DataFrame:
-    """Bytes sent per GPU and step, the communication time at ``link_gbps``, and the step time
-    and scaling efficiency (compute / step) this predicts with and without overlap."""
+               link_gbps: float, comm_per_gpu, step_ms, strategies, gpus=(1, 2, 4, 8), *,
+               strong: bool = False) -> pd.DataFrame:
+    """``comm_per_gpu(n_params, world, strategy)`` bytes sent per GPU and step, their time at
+    ``link_gbps``, and the step time (``step_ms(compute, bytes, link, overlap)``) and scaling
+    efficiency this predicts with and without overlap. ``compute_ms``: one GPU's step; weak
+    scaling (``strong=False``) keeps it per GPU, strong scaling divides it by the GPU count
+    (the same global batch split N ways)."""
     rows = []
     for label, cfg in models.items():
-        n = gpt.non_embedding_params(cfg) + gpt.embedding_params(cfg)
-        for strategy in STRATEGIES:
+        n = params_of(cfg)
+        for strategy in strategies:
             for world in gpus:
                 sent = comm_per_gpu(n, world, strategy)
-                c = compute_ms[label]
+                c = compute_ms[label] / (world if strong else 1)
                 serial, hidden = (step_ms(c, sent, link_gbps, o) for o in (False, True))
-                rows.append({"model": label, "strategy": strategy, "gpus": world,
-                             "sent_gib": sent / 2**30,
+                rows.append({"model": label, "scaling": "strong" if strong else "weak",
+                             "strategy": strategy, "gpus": world, "sent_gib": sent / 2**30,
                              "comm_ms": sent / (link_gbps * 1e9) * 1e3, "compute_ms": c,
                              "step_ms_no_overlap": serial, "step_ms_overlap": hidden,
                              "efficiency_no_overlap": c / serial,
@@ -495,26 +453,31 @@ def comm_table(models: dict[str, gpt.GPTConfig], compute_ms: dict[str, float],
 
 def efficiency_chart(table: pd.DataFrame, models: list[str],
                      strategies=("DDP", "FSDP2 (ZeRO-3)"), title: str = ""):
-    """Predicted scaling efficiency against GPU count, one panel per model: solid lines with
-    full overlap, dashed without."""
+    """Predicted scaling efficiency against GPU count, one panel per model: for each strategy
+    and each scaling in the table (weak: solid, strong: dashed) the band from no overlap to full
+    overlap, its no-overlap edge drawn."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
+    kinds = list(dict.fromkeys(table.get("scaling", pd.Series(["weak"] * len(table)))))
     for ax, label in zip(axes[0], models, strict=True):
         for i, strategy in enumerate(strategies):
-            part = table[(table["model"] == label) & (table["strategy"] == strategy)]
-            color = f"C{i}"
-            ax.plot(part["gpus"], 100 * part["efficiency_overlap"], "o-", color=color,
-                    label=f"{strategy}, overlapped")
-            ax.plot(part["gpus"], 100 * part["efficiency_no_overlap"], "s--", color=color,
-                    label=f"{strategy}, not overlapped")
+            for kind in kinds:
+                part = table[(table["model"] == label) & (table["strategy"] == strategy)
+                             & (table.get("scaling", "weak") == kind)]
+                style = "o-" if kind == "weak" else "s--"
+                ax.plot(part["gpus"], 100 * part["efficiency_no_overlap"], style,
+                        color=f"C{i}", label=f"{strategy}, {kind}, not overlapped")
+                ax.fill_between(part["gpus"], 100 * part["efficiency_no_overlap"],
+                                100 * part["efficiency_overlap"], color=f"C{i}",
+                                alpha=0.15 if kind == "weak" else 0.08)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(table["gpus"].unique()), labels=sorted(table["gpus"].unique()))
         ax.set_ylim(0, 105)
-        ax.set(xlabel="GPUs (same batch per GPU)", ylabel="predicted scaling efficiency (%)",
-               title=label)
+        ax.set(xlabel="GPUs (weak: same batch per GPU; strong: same global batch)",
+               ylabel="predicted scaling efficiency (%)", title=label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title="band: up to full overlap", title_fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -743,3 +706,60 @@ def has_argument(obj: object, name: str) -> bool:
         return name in inspect.signature(obj).parameters
     except (TypeError, ValueError):
         return False
+
+
+# ------------------------------------------------------------------ timing rounds
+SETTLE_ROUNDS = 3  # the last rounds a settled cost must agree over
+
+
+def round_overheads(rounds: dict[str, list[float]], baseline: str = "plain"
+                    ) -> dict[str, list[float]]:
+    """Each wrapper's step time over the baseline's in the same round, minus 1, round by round
+    (``rounds``: name -> the median step time of each round, in ms)."""
+    base = rounds[baseline]
+    return {name: [a / b - 1 for a, b in zip(times, base, strict=True)]
+            for name, times in rounds.items() if name != baseline}
+
+
+def settled(rounds: dict[str, list[float]], baseline: str = "plain",
+            last: int = SETTLE_ROUNDS, tie: float = verdicts.TIE_FRACTION) -> bool:
+    """True once every wrapper's per-round overhead (:func:`round_overheads`) has varied by at
+    most ``tie`` (the tie rule's 3%) over the last ``last`` rounds."""
+    if len(rounds[baseline]) < last:
+        return False
+    return all(max(o[-last:]) - min(o[-last:]) <= tie
+               for o in round_overheads(rounds, baseline).values())
+
+
+def rounds_table(rounds: dict[str, list[float]], baseline: str = "plain") -> pd.DataFrame:
+    """One row per wrapper: its overhead over the rounds (median, quartiles, range), whether it
+    settled, and the baseline's drift (its last round's step time over its first, minus 1)."""
+    base = rounds[baseline]
+    done = settled(rounds, baseline)
+    rows = []
+    for name, o in round_overheads(rounds, baseline).items():
+        s = pd.Series(o)
+        rows.append({"variant": name, "rounds": len(o), "overhead_pct": 100 * s.median(),
+                     "q1_pct": 100 * s.quantile(0.25), "q3_pct": 100 * s.quantile(0.75),
+                     "min_pct": 100 * s.min(), "max_pct": 100 * s.max(),
+                     "last_rounds_range_pct": 100 * (max(o[-SETTLE_ROUNDS:])
+                                                     - min(o[-SETTLE_ROUNDS:])),
+                     "settled": done,
+                     "own_drift_pct": 100 * (rounds[name][-1] / rounds[name][0] - 1),
+                     "baseline_drift_pct": 100 * (base[-1] / base[0] - 1)})
+    return pd.DataFrame(rows)
+
+
+def rounds_sentence(row) -> str:
+    """One sentence for a row of :func:`rounds_table`: a settled cost with its spread over the
+    rounds, or an unsettled one with its range and the drift measured."""
+    if row["settled"]:
+        return (f"{row['variant']}: {row['overhead_pct']:+.1f}% over {row['rounds']} "
+                f"interleaved rounds (IQR {row['q1_pct']:+.1f}% to {row['q3_pct']:+.1f}%), "
+                f"settled: the last {SETTLE_ROUNDS} rounds within {row['last_rounds_range_pct']:.1f}"
+                f" points")
+    return (f"{row['variant']}: did not settle in {row['rounds']} rounds - its cost ranged "
+            f"{row['min_pct']:+.1f}% to {row['max_pct']:+.1f}% (the last {SETTLE_ROUNDS} rounds "
+            f"over {row['last_rounds_range_pct']:.1f} points); from the first round to the last "
+            f"its step time drifted {row['own_drift_pct']:+.1f}%, plain's "
+            f"{row['baseline_drift_pct']:+.1f}%: unstable on this run")
