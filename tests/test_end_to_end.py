@@ -92,12 +92,13 @@ def _breakdown_row(path: str, gap_ms: float, **ms: float) -> dict:
 def test_compare_breakdown_names_where_the_difference_is():
     table = pd.DataFrame([_breakdown_row("2", 1.0, norm=5.0), _breakdown_row("3", 1.0)])
     text = end_to_end.compare_breakdown(table, "2", "3")
-    assert text.startswith("Path 2 vs path 3: step +4.00 ms, of which kernels +4.00 ms")
-    assert "most of the difference is in kernels" in text and "is norm (+4.00 ms" in text
+    assert text.startswith("Path 2 vs path 3: step +4.00 ms, kernels +4.00 ms (most in norm, "
+                           "+4.00 ms) and the rest +0.00 ms"), text
+    assert "most of the difference is in kernels" in text and text.count(". ") == 0
     table = pd.DataFrame([_breakdown_row("3", 9.0), _breakdown_row("4", 1.0, optimizer=2.0)])
     text = end_to_end.compare_breakdown(table, "3", "4")
     assert "most of the difference is in idle GPU time (CPU-side overhead)" in text
-    assert "is optimizer (-1.00 ms" in text
+    assert "(most in optimizer, -1.00 ms)" in text
     assert "not both profiled" in end_to_end.compare_breakdown(table, "2", "3")
 
 

@@ -143,7 +143,8 @@ def breakdown_chart(breakdown: pd.DataFrame, ax=None):
 
 
 def compare_breakdown(table: pd.DataFrame, a: str, b: str) -> str:
-    """Explain the step-time difference of paths ``a`` and ``b`` from their breakdown rows."""
+    """One sentence on the step-time difference of paths ``a`` and ``b`` from their breakdown
+    rows: how much is in kernels (and which category most) and how much outside them."""
     rows = table.set_index("path") if not table.empty else table
     if a not in rows.index or b not in rows.index:
         return f"Paths {a} and {b} were not both profiled, so there is nothing to compare."
@@ -156,13 +157,12 @@ def compare_breakdown(table: pd.DataFrame, a: str, b: str) -> str:
     inside, outside = (("kernels", "idle GPU time (CPU-side overhead)") if on_cuda
                        else ("ATen operators", "time outside operators (Python, dispatch)"))
     cause = inside if abs(kernel_diff) >= abs(gap_diff) else outside
-    text = (f"Path {a} vs path {b}: step {ra['step_ms'] - rb['step_ms']:+.2f} ms, of which "
-            f"{inside} {kernel_diff:+.2f} ms and the rest {gap_diff:+.2f} ms; most of the "
-            f"difference is in {cause}. The category that differs most is {top} "
-            f"({diffs[top]:+.2f} ms per step)")
+    text = (f"Path {a} vs path {b}: step {ra['step_ms'] - rb['step_ms']:+.2f} ms, {inside} "
+            f"{kernel_diff:+.2f} ms (most in {top}, {diffs[top]:+.2f} ms) and the rest "
+            f"{gap_diff:+.2f} ms, so most of the difference is in {cause}")
     if on_cuda:
-        text += (f"; kernel launches per step: {ra['kernels_per_step']:.0f} vs "
-                 f"{rb['kernels_per_step']:.0f}")
+        text += (f"; {ra['kernels_per_step']:.0f} vs {rb['kernels_per_step']:.0f} kernel "
+                 "launches per step")
     return text + "."
 
 
