@@ -12,10 +12,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PINS = dict(line.split("==") for line in (ROOT / "requirements.txt").read_text().splitlines()
             if "==" in line and not line.startswith("#"))
+PINNED = [r.split("==")[0].lower() for r in tomllib.loads(
+    (ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["pinned"]]
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
@@ -33,7 +36,9 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
-    wanted = {name: PINS[name] for name in ("torch", "nbconvert", "ipykernel")}
+    # torch, the kernel and the pinned extra's packages, as pip would install them from its cache:
+    # the setup cell's own pip command still resolves them and builds the course from the clone
+    wanted = {name: PINS[name] for name in ("torch", "nbconvert", "ipykernel", *PINNED)}
     if not _link_installed(wanted, python):  # what pip would install, in a few seconds
         # --no-compile: no .pyc for torch's thousands of files (imports compile what they use)
         _run([str(python), "-m", "pip", "install", "-q", "--no-compile",
@@ -91,7 +96,7 @@ def _link_installed(wanted: dict[str, str], python: Path) -> bool:
             if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
                 todo += [(requirement.name, e) for e in ("", *requirement.extras)]
     files = [(Path(dist.locate_file(f)), site / f) for dist in found.values()
-             for f in dist.files or [] if f.parts[0] != ".." and "__pycache__" not in f.parts]
+             for f in dist.files or [] if f.parts[0] != ".."]  # with their .pyc: same Python
     try:
         for source, target in files:
             target.parent.mkdir(parents=True, exist_ok=True)
