@@ -51,11 +51,23 @@ def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda")
     pct = {label: ceilings.pct_of(flops / (t.median_ms * 1e-3), ceiling_tflops)
            for label, t in gap.items()}
     runs = {label: gap[label] for label in labels[2:]}
+    gap_table = pd.DataFrame({"condition": labels, "median_ms": [t.median_ms for t in gap.values()],
+                              "pct_of_ceiling": list(pct.values())})
     return {"n": n, "k": k, "gap": gap, "pct": pct, "runs": runs, "first": labels[0],
+            "gap_table": gap_table, "pd": pd, "display": SHOWN.append,
             "last": labels[1], "ceiling_tflops": ceiling_tflops, "ceiling_key": "bf16",
             "ceiling": {"matmul_n": n, "matmul_tflops": {"bf16": ceiling_tflops},
                         "device": "GPU", "copy_gbps": 3000.0},
             "device": torch.device(device), "ceilings": ceilings, "verdicts": verdicts}
+
+
+SHOWN: list = []  # what the cells display()
+
+
+def versus() -> dict:
+    """The last table 01's section 6 displayed: condition -> its verdict against its reference."""
+    shown = SHOWN[-1]
+    return dict(zip(shown["condition"], shown["vs_reference"], strict=True))
 
 
 GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101,
@@ -71,8 +83,9 @@ def test_01_reading_hides_percentages_the_ceiling_check_flagged():
                 cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
     assert ceilings.NOT_SHOWN in text
     assert not re.search(r"\d{4,}%", text), text  # the shares are above 10000%
-    assert "points" not in text  # points of a ceiling the check rejected
-    assert "L2 flush before each repeat: +20.0% time against back to back" in text
+    assert "pct_of_ceiling" not in SHOWN[-1]  # a share the check rejected is not displayed
+    assert not any("points" in v for v in versus().values())  # nor points of that ceiling
+    assert versus()["L2 flush before each repeat"] == "+20.0% time against back to back"
     assert "what it loses beyond that: L2 flush before each repeat (+20% time)" in text
 
 
@@ -81,8 +94,11 @@ def test_01_reading_gives_points_when_the_ceiling_holds():
     text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
                 cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
     assert "Of the 250 TFLOP/s bf16 ceiling, the 1024x1024 product reached 86% in the first" in text
-    assert "cannot be told apart from back to back, repeats 1-5 on this run (within 3%)" in text
-    assert "L2 flush before each repeat: -14.3 points against back to back" in text
+    assert versus()["back to back, repeats 21-25"] == ("cannot be told apart from back to back, "
+                                                       "repeats 1-5 on this run (within 3%)")
+    assert versus()["L2 flush before each repeat"] == "-14.3 points against back to back"
+    assert versus()["back to back"] == "-"  # the reference itself
+    assert len(text.strip().splitlines()) == 2  # a table and two sentences
 
 
 def test_01_reading_says_at_the_ceiling_for_a_share_just_above_it():
@@ -97,8 +113,9 @@ def test_01_noisy_conditions_are_not_read_as_a_change():
     space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 60% of their medians
     text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
                 cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    assert "points against" not in text and "time against" not in text
-    assert text.count("cannot be told apart") == 3
+    readings = list(versus().values())
+    assert not any("points against" in v or "time against" in v for v in readings)
+    assert sum("cannot be told apart" in v for v in readings) == 3
     assert "too noisy to compare on this run" in text and "re-run" in text
     assert "none of the conditions measurably slows it" not in text
 
@@ -111,9 +128,10 @@ def test_01_summary_does_not_print_a_flagged_percentage():
                  apexcheck=types.SimpleNamespace(summary=lambda table: "apex"), table=None,
                  warning="", naive_ms=0.01, synced_ms=0.01, helper_ms=0.01,
                  timing=timing("t", 0.01), synced_verdict="x")
-    text = run([cell("01_environment_and_apex_build.ipynb", "rates = ")], space)
-    line = next(x for x in text.splitlines() if x.startswith("- % of the matmul ceiling"))
-    assert line == f"- % of the matmul ceiling: {ceilings.NOT_SHOWN}"
+    assert run([cell("01_environment_and_apex_build.ipynb", "rates = ")], space) == ""
+    summary = SHOWN[-1]["this run"]
+    assert summary["% of the matmul ceiling"] == ceilings.NOT_SHOWN
+    assert not re.search(r"\d{4,}%", " ".join(summary)), summary
 
 
 # ------------------------------------------------------------------ 02, summary
