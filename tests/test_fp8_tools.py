@@ -185,6 +185,13 @@ def test_filter_table_reads_torchaos_filter_against_the_sweep():
     assert lines[0] == ("small, tensorwise: the auto filter converts blocks.*.attn.qkv (12), "
                         "blocks.*.mlp.fc (12); it agrees with the sweep at 1 of 2 swept shapes")
     assert "small, rowwise: the auto filter converts no Linear" in lines[1]
+    predicted = {("small", "tensorwise"): fp8.predict_step(
+        sweep, fp8.linear_shapes(small, filters["tensorwise"]), "tensorwise", tokens=1024),
+        ("small", "rowwise"): fp8.predict_step(
+        sweep, fp8.linear_shapes(small, filters["rowwise"]), "rowwise", tokens=1024)}
+    lines = fp8.filter_reading(table, predicted)
+    assert lines[0].endswith("; the sweep did not time 768x3072, so no predicted step")
+    assert lines[1].endswith("; predicted +0 ms per step from the sweep for its choice")
 
 
 # ------------------------------------------------------------------ kept for backward

@@ -570,15 +570,24 @@ def filter_table(models: dict[str, nn.Module], filters: dict[str, Callable[[nn.M
     return pd.DataFrame(rows)
 
 
-def filter_reading(table: pd.DataFrame) -> list[str]:
-    """One line per model and recipe: which Linears the filter converts, and at how many of
-    the swept shapes its choice agrees with the sweep's tie-rule reading."""
+def filter_reading(table: pd.DataFrame, predicted: dict[tuple[str, str], dict] | None = None
+                   ) -> list[str]:
+    """One line per model and recipe: which Linears the filter converts, at how many of the
+    swept shapes its choice agrees with the sweep's tie-rule reading, and (``predicted``: a
+    :func:`predict_step` per (model, recipe) for the Linears it converts) the change in step
+    time the sweep predicts for that choice."""
     lines = []
     for (model, recipe), part in table.groupby(["model", "recipe"], sort=False):
         kept = [f"{r.linear} ({r.count})" for r in part.itertuples() if r.auto_filter_converts]
         read = part[part["agrees"].notna()]
         agree = (f"; it agrees with the sweep at {int(read['agrees'].astype(bool).sum())} of "
                  f"{len(read)} swept shapes" if len(read) else "; none of its shapes was swept")
+        guess = (predicted or {}).get((model, recipe))
+        if guess is not None:
+            agree += (f"; the sweep did not time {guess['missing']}, so no predicted step"
+                      if guess["missing"] else
+                      f"; predicted {guess['predicted_delta_ms']:+.3g} ms per step from the "
+                      "sweep for its choice")
         lines.append(f"{model}, {recipe}: the auto filter converts "
                      + (", ".join(kept) if kept else "no Linear") + agree)
     return lines
@@ -592,7 +601,11 @@ def _storages(t: torch.Tensor):
         for name in names:
             yield from _storages(getattr(t, name))
         return
-    storage = t.untyped_storage()
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # a tensor without a storage: its own bytes
+        yield id(t), t.numel() * t.element_size(), t.dtype
+        return
     yield storage.data_ptr(), storage.nbytes(), t.dtype
 
 
