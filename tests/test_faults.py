@@ -200,17 +200,19 @@ def test_ctrl_c_between_notebooks_keeps_the_last_complete_run(tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_ctrl_c_ends_with_130_a_table_and_the_partial_copy(tmp_path):
+    started = tmp_path / "sleeping"  # the second cell writes it: the kernel has reached it
     nb = _notebook(tmp_path / "slow.ipynb", "print('first cell ran')",
-                   "import time\nfor _ in range(600):\n    time.sleep(0.1)")
+                   f"import time\nopen({str(started)!r}, 'w').close()\nfor _ in range(600):\n"
+                   "    time.sleep(0.1)")
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "coursetools.runner", str(nb), "--out",
                              str(out), "--profile", "smoke"], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     partial = out.with_name("run.partial")
-    while time.monotonic() < deadline and not list(partial.glob("results")):
-        time.sleep(0.2)
-    time.sleep(6)  # the kernel starts and reaches the sleeping cell
+    while time.monotonic() < deadline and not (started.exists() and partial.is_dir()):
+        time.sleep(0.1)
+    time.sleep(0.5)  # inside the sleeping loop
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, (stdout, stderr)
