@@ -187,12 +187,18 @@ def test_norm_verdicts_count_no_win_where_a_timing_is_too_noisy():
     verdict = norms.verdict_table(timing)
     assert list(verdict["too_noisy"]) == ["apex Fused", "", "torch"]
     assert list(verdict["tied_with_fastest"]) == ["torch LayerNorm", "", "torch LayerNorm + cast"]
-    wins, mixed = norms.summary_lines(verdict)
-    assert wins.startswith("- clearly fastest by GPU time, of 3 norm x dtype x pass rows: "
-                           "apex Fused 1; too noisy to compare on this run in 2")
+    items = norms.summary_items(verdict)
+    wins = items["clearly fastest by GPU time, of 3 rows"]
+    assert wins.startswith("apex Fused 1; too noisy to compare on this run in 2"), wins
     assert "tied with another" not in wins  # a noisy row is not a tie either
-    assert mixed.startswith("- mixed dtypes, 1 rows: apex MixedFused clearly fastest in 0, "
-                            "tied with the fastest in 0, too noisy to compare in 1")
+    assert items["mixed dtypes, 1 rows, against norm + cast"] == (
+        "apex MixedFused clearly fastest in 0, tied with the fastest in 0, too noisy to compare "
+        "in 1")
+    calm = norms.summary_items(norms.verdict_table(timing.assign(  # every IQR tight: it flips
+        q1_ms=timing["median_ms"] * 0.99, q3_ms=timing["median_ms"] * 1.01)))
+    assert calm["clearly fastest by GPU time, of 3 rows"] == "apex Fused 3"
+    assert calm["mixed dtypes, 1 rows, against norm + cast"].startswith(
+        "apex MixedFused clearly fastest in 1")
 
 
 def test_crossovers_mark_a_noisy_size():

@@ -329,36 +329,33 @@ def verdict_table(timing: pd.DataFrame, by: list[str] | None = None) -> pd.DataF
     return table.fillna({"launch_bound": "", "too_noisy": ""})
 
 
-def summary_lines(verdict: pd.DataFrame) -> list[str]:
-    """The summary's reading of :func:`verdict_table`: the families clearly fastest (by the tie
-    rule) and how many rows are ties or too noisy to compare, then the mixed-dtype rows: where
-    Apex's MixedFused is clearly fastest or tied with the fastest. A row too noisy to compare
-    counts as neither a win nor a tie."""
+def summary_items(verdict: pd.DataFrame) -> dict[str, str]:
+    """The summary table's reading of :func:`verdict_table` (item -> this run): the families
+    clearly fastest (by the tie rule) and how many rows are ties or too noisy to compare, then
+    the mixed-dtype rows: where Apex's MixedFused is clearly fastest or tied with the fastest.
+    A row too noisy to compare counts as neither a win nor a tie."""
     noisy = verdict["too_noisy"] != ""
     tied = (verdict["tied_with_fastest"] != "") & ~noisy
     clear = verdict[~noisy & ~tied]
     wins = clear["fastest"].map(family).value_counts()
-    line = (f"- clearly fastest by GPU time, of {len(verdict)} norm x dtype x pass rows: "
-            + (", ".join(f"{name} {n}" for name, n in wins.items()) or "none"))
+    text = ", ".join(f"{name} {n}" for name, n in wins.items()) or "none"
     if tied.any():
-        line += f"; tied with another in {int(tied.sum())}"
+        text += f"; tied with another in {int(tied.sum())}"
     if noisy.any():
-        line += (f"; too noisy to compare on this run in {int(noisy.sum())} (an IQR over "
-                 f"{verdicts.SPREAD_LIMIT:.0%} of its median: cold caches on a first run or a "
-                 "busy machine - re-run to compare)")
-    lines = [line]
+        text += (f"; too noisy to compare on this run in {int(noisy.sum())} (an IQR over "
+                 f"{verdicts.SPREAD_LIMIT:.0%} of its median: re-run to compare)")
+    items = {f"clearly fastest by GPU time, of {len(verdict)} rows": text}
     mixed = verdict["dtype"].str.contains("->")
     if mixed.any():
         apex_first = verdict["fastest"].str.startswith("apex")
         apex_tied = verdict["tied_with_fastest"].str.contains("apex")
         won = int((mixed & ~noisy & ~tied & apex_first).sum())
         shared = int((mixed & tied & (apex_first | apex_tied)).sum())
-        line = (f"- mixed dtypes, {int(mixed.sum())} rows: apex MixedFused clearly fastest in "
-                f"{won}, tied with the fastest in {shared}")
+        text = f"apex MixedFused clearly fastest in {won}, tied with the fastest in {shared}"
         if (mixed & noisy).any():
-            line += f", too noisy to compare in {int((mixed & noisy).sum())}"
-        lines.append(line + ", against norm + cast (eager, and compiled where it ran)")
-    return lines
+            text += f", too noisy to compare in {int((mixed & noisy).sum())}"
+        items[f"mixed dtypes, {int(mixed.sum())} rows, against norm + cast"] = text
+    return items
 
 
 BANDWIDTH = "achieved bandwidth (GB/s)"
