@@ -132,7 +132,10 @@ def test_verdict_calls_overlapping_iqrs_a_tie():
 def test_verdict_names_paths_tied_with_the_fastest():
     text = end_to_end.verdict(_fake_table(40.5, 40.0), ROLES)
     assert "fastest path was 3 (Native)" in text
-    assert "Path 2 cannot be told apart from it" in text
+    assert "(path 2 cannot be told apart from it by the tie rule)." in text
+    assert len(text.splitlines()) == 2 and text.splitlines()[0].count(". ") == 0  # 2 sentences
+    assert "cannot be told apart from it" not in end_to_end.verdict(_fake_table(30.0, 40.0),
+                                                                    ROLES)
 
 
 def test_verdict_reports_the_peak_memory_of_paths_2_and_3():

@@ -202,7 +202,8 @@ def fastest_paths(table: pd.DataFrame) -> list[str]:
 
 def verdict(table: pd.DataFrame, roles: Roles) -> str:
     """Two sentences built from the run's numbers: the fastest path (against the baseline when
-    it ran), then Apex vs native (step time through ``verdicts.compare``, and peak memory)."""
+    it ran, and the paths the tie rule cannot tell from it), then Apex vs native (step time
+    through ``verdicts.compare``, and peak memory)."""
     ran = table[table["status"] == "ran"]
     if ran.empty:
         return "No path ran, so there is nothing to compare."
@@ -211,15 +212,12 @@ def verdict(table: pd.DataFrame, roles: Roles) -> str:
     fastest = by.loc[tied[0]]
     versus = (speedup_text(fastest, by.loc[roles.baseline], roles.baseline_name)
               if tied[0] != roles.baseline and roles.baseline in by.index else "")
-    first = (f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
-             f"{fastest['step_ms']:.1f} ms per step, {mfu_text(fastest['mfu'])}{versus}.")
-    if len(tied) > 1:
-        others = (f"Path {tied[1]}" if len(tied) == 2 else
-                  f"Paths {', '.join(tied[1:-1])} and {tied[-1]}")
-        first += (f" {others} cannot be told apart from it (medians within "
-                  f"{verdicts.TIE_FRACTION:.0%}, step-time IQRs overlapping, or a spread over "
-                  f"{verdicts.SPREAD_LIMIT:.0%} of a median).")
-    lines = [first]
+    others = ("" if len(tied) == 1 else f"path {tied[1]}" if len(tied) == 2 else
+              f"paths {', '.join(tied[1:-1])} and {tied[-1]}")
+    lines = [f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
+             f"{fastest['step_ms']:.1f} ms per step, {mfu_text(fastest['mfu'])}{versus}"
+             + (f" ({others} cannot be told apart from it by the tie rule)" if others else "")
+             + "."]
     apex, native = roles.apex, roles.native
     if {apex, native} <= set(by.index):
         ra, rn = by.loc[apex], by.loc[native]
