@@ -42,6 +42,12 @@ SUMMED = "scaler.scale(loss * (world if wrapper == 'fsdp2' else 1)).backward()"
 # again with the same seed and once with another (the noise floor).
 NOISE = scaling.noise_variants(1, 0, other_seed=1)
 ONE_PROCESS = ["plain", "ddp", "fsdp2", *NOISE]
+# ... and the variants section 4 adds on a GPU (compiled with aot_eager here: no C++ toolchain
+# needed, the same dynamo and AOTAutograd path around the wrappers)
+EXTRA = ["ddp+view", "plain+ac", "fsdp2+mp", "ddp+compile", "fsdp2+compile"]
+# The checkpoint fault: the fresh model is never loaded (it keeps its own initial weights).
+LOAD = "    dcp.load(state, checkpoint_id=path)\n"
+NO_LOAD = "    pass  # the checkpoint is never read\n"
 
 
 def notebook_script() -> str:
@@ -60,7 +66,8 @@ def check_plan(corpus: Path, **changes) -> dict:
                 steps=4, warmup=1, lr=gpt.PEAK_LR, lr_warmup=2, seed=0, amp=None,
                 variants=["plain"], seeds={}, corpus=str(corpus),
                 val_corpus=str(corpus.with_name("val_corpus.pt")), val_batches=2, timeout_s=60,
-                allreduce_mib=0, save_params=True)
+                allreduce_mib=0, save_params=True, checkpoint_at=0, resume="fsdp2",
+                compile_backend="aot_eager", rounds=0, round_steps=2)
     plan.update(changes)
     return plan
 
@@ -72,17 +79,19 @@ def launched(tmp_path_factory):
     Returns (single, split, faulty, seconds, fp16)."""
     tmp = tmp_path_factory.mktemp("scaling")
     script = notebook_script()
-    assert SLICE in script and BACKWARD in script, "the script cell changed: update the faults"
+    assert SLICE in script and BACKWARD in script and LOAD in script, (
+        "the script cell changed: update the faults")
     (tmp / "train.py").write_text(script)
-    (tmp / "faulty.py").write_text(script.replace(SLICE, WRONG_SLICE).replace(BACKWARD, SUMMED))
+    (tmp / "faulty.py").write_text(script.replace(SLICE, WRONG_SLICE).replace(BACKWARD, SUMMED)
+                                   .replace(LOAD, NO_LOAD))
     corpus, data = tmp / "corpus.pt", gpt.load_corpus(cap_mb=0.5)
     torch.save(data.train, corpus)
     torch.save(data.val, tmp / "val_corpus.pt")
-    two = dict(variants=["ddp", "fsdp2"], accum=2)
+    two = dict(variants=["ddp", "fsdp2"], accum=2, checkpoint_at=2)  # FSDP2 saves, reloads
     start = time.perf_counter()
     single, split, faulty, fp16 = scaling.launch_all([
-        (tmp / "train.py", 1, check_plan(corpus, variants=ONE_PROCESS, seeds=NOISE),
-         tmp / "single.json"),
+        (tmp / "train.py", 1, check_plan(corpus, variants=ONE_PROCESS + EXTRA, seeds=NOISE,
+                                          rounds=3), tmp / "single.json"),
         (tmp / "train.py", 2, check_plan(corpus, allreduce_mib=1, **two), tmp / "split.json"),
         (tmp / "faulty.py", 2, check_plan(corpus, **two), tmp / "faulty.json"),
         (tmp / "train.py", 2, check_plan(corpus, amp="float16", save_params=False, **two),
@@ -129,7 +138,7 @@ def test_what_each_rank_holds_matches_the_memory_model(launched):
     n = gpt.count_params(gpt.GPT(gpt.TINY))
     for run in split.runs():
         strategy = {"ddp": "DDP", "fsdp2": "FSDP2 (ZeRO-3)"}[run.extra["variant"]]
-        model = scaling.memory_per_gpu(n, 2, strategy)
+        model = formulas()["memory_per_gpu"](n, 2, strategy)
         held = run.extra["state_bytes"]
         assert (held["params"], held["grads"], held["optimizer"]) == (
             model["param"], model["grad"], model["adam"]), (strategy, held, model)
@@ -283,7 +292,15 @@ def test_a_launch_is_a_torchrun_command_of_the_one_launcher(tmp_path):
 def test_the_script_cell_holds_what_the_chapter_teaches():
     script = notebook_script()
     for piece in ("init_process_group(", "timeout=datetime.timedelta(", "DDP(model",
-                  "fully_shard(block, mesh=mesh)", "fully_shard(model, mesh=mesh)",
+                  "fully_shard(block, mesh=mesh, mp_policy=mp)",
+                  "fully_shard(model, mesh=mesh, mp_policy=mp)",
+                  'torch.device("meta")', "model.to_empty(device=device)",
+                  "model.reset_parameters()", "dcp.save(state, checkpoint_id=",
+                  "dcp.load(state, checkpoint_id=", "get_model_state_dict(model)",
+                  "get_optimizer_state_dict(model, optimizer)", "set_model_state_dict(",
+                  "set_optimizer_state_dict(", "StateDictOptions(", "use_reentrant=False",
+                  "MixedPrecisionPolicy(param_dtype=", "gradient_as_bucket_view=",
+                  "torch.compile(block", "scaling.settled(rounds)",
                   "init_device_mesh(device.type", "model.no_sync()",
                   "set_requires_gradient_sync(", "AdamW(recipe.param_groups(model), fused=True",
                   'gpt.Recipe(steps=plan["steps"], lr=plan["lr"], warmup=plan["lr_warmup"])',
@@ -297,45 +314,105 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
 
 
 # ------------------------------------------------------------------ the formulas
+FORMULA_CELLS = ("# The model in bytes", "# The memory and traffic formulas", "def step_ms(",
+                 "ACT_PER_LAYER = ")
+
+
+def formulas() -> dict:
+    """Section 3's and 5's formula cells, executed as the notebook writes them."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    space = {"scaling": scaling, "pd": pd, "display": lambda *a, **k: None,
+             "models": {"course GPT": gpt.GPT2_SMALL, "7B-class": scaling.GPT_7B},
+             "results": type("R", (), {"save_table": staticmethod(lambda *a, **k: None)}),
+             "env": {}}
+    for start in FORMULA_CELLS:
+        exec(_cell(nb, start), space)
+    return space
+
+
 def test_collective_bytes_by_hand():
-    assert scaling.collective_bytes("all-reduce", 100, 4) == 150  # 2 x 3/4 x 100
-    assert scaling.collective_bytes("reduce-scatter", 100, 4) == 75
-    assert scaling.collective_bytes("all-gather", 100, 4) == 75
-    assert scaling.collective_bytes("all-reduce", 100, 1) == 0  # one rank sends nothing
+    collective_bytes = formulas()["collective_bytes"]
+    assert collective_bytes("all-reduce", 100, 4) == 150  # 2 x 3/4 x 100
+    assert collective_bytes("reduce-scatter", 100, 4) == 75
+    assert collective_bytes("all-gather", 100, 4) == 75
+    assert collective_bytes("all-reduce", 100, 1) == 0  # one rank sends nothing
 
 
 def test_memory_per_gpu_by_hand():
     # 1000 parameters on 4 GPUs: 4 B weights, 4 B grads, 8 B Adam, DDP's 4 B buckets
+    f = formulas()
     expect = {"DDP": (4000, 4000, 8000, 4000), "ZeRO-1": (4000, 4000, 2000, 4000),
               "ZeRO-2": (4000, 1000, 2000, 0), "FSDP2 (ZeRO-3)": (1000, 1000, 2000, 0),
               "FSDP2, bf16 gathers": (1000, 1000, 2000, 0)}
+    assert set(expect) == set(f["STRATEGIES"])
     for strategy, parts in expect.items():
-        got = scaling.memory_per_gpu(1000, 4, strategy)
+        got = f["memory_per_gpu"](1000, 4, strategy)
         assert (got["param"], got["grad"], got["adam"], got["buckets"]) == parts, strategy
         assert got["total"] == sum(parts)
-    assert scaling.memory_per_gpu(1000, 1, "FSDP2 (ZeRO-3)")["total"] == 16000
+    assert f["memory_per_gpu"](1000, 1, "FSDP2 (ZeRO-3)")["total"] == 16000
 
 
 def test_comm_per_gpu_by_hand():
     # 1000 parameters on 4 GPUs, fp32 (4000 B): an all-reduce sends 6000 B, a gather 3000 B
+    comm_per_gpu = formulas()["comm_per_gpu"]
     expect = {"DDP": 6000, "ZeRO-1": 9000, "ZeRO-2": 6000, "FSDP2 (ZeRO-3)": 9000,
               "FSDP2, bf16 gathers": 6000}  # 3/4 x (2000 + 2000 + 4000)
     for strategy, sent in expect.items():
-        assert scaling.comm_per_gpu(1000, 4, strategy) == pytest.approx(sent), strategy
+        assert comm_per_gpu(1000, 4, strategy) == pytest.approx(sent), strategy
 
 
-def test_step_time_with_and_without_overlap_by_hand():
+def test_step_time_weak_and_strong_with_and_without_overlap_by_hand():
+    f = formulas()
+    step_ms, comm_per_gpu, strategies = f["step_ms"], f["comm_per_gpu"], f["STRATEGIES"]
     # 1e9 bytes at 100 GB/s take 10 ms
-    assert scaling.step_ms(10.0, 1e9, 100.0, overlap=False) == pytest.approx(20.0)
-    assert scaling.step_ms(10.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
-    assert scaling.step_ms(4.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
-    table = scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, gpus=(1, 2))
+    assert step_ms(10.0, 1e9, 100.0, overlap=False) == pytest.approx(20.0)
+    assert step_ms(10.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
+    assert step_ms(4.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
+    table = scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, comm_per_gpu, step_ms,
+                               strategies, gpus=(1, 2))
     one = table[table["gpus"] == 1]
     assert (one["efficiency_no_overlap"] == 1.0).all() and (one["sent_gib"] == 0).all()
     ddp2 = table[(table["gpus"] == 2) & (table["strategy"] == "DDP")].iloc[0]
     sent = 2 * 0.5 * 4 * gpt.count_params(gpt.GPT(gpt.TINY))
-    assert ddp2["sent_gib"] == pytest.approx(sent / 2**30)
+    assert ddp2["sent_gib"] == pytest.approx(sent / 2**30) and ddp2["scaling"] == "weak"
     assert ddp2["efficiency_no_overlap"] == pytest.approx(10.0 / (10.0 + sent / 100e9 * 1e3))
+    # strong scaling: the same global batch, so each GPU computes half; the bytes are the same
+    strong = scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, comm_per_gpu, step_ms,
+                                strategies, gpus=(2,), strong=True)
+    s2 = strong[strong["strategy"] == "DDP"].iloc[0]
+    assert s2["compute_ms"] == 5.0 and s2["sent_gib"] == ddp2["sent_gib"]
+    assert s2["efficiency_no_overlap"] == pytest.approx(5.0 / (5.0 + sent / 100e9 * 1e3))
+    assert s2["efficiency_no_overlap"] < ddp2["efficiency_no_overlap"]
+
+
+def test_weak_scaling_is_model_independent_and_strong_scaling_falls_with_n():
+    """The sentence the notebook prints: at the same tokens per GPU, bytes and FLOPs both grow
+    with the parameters; with a fixed global batch the share sent grows with N."""
+    f = formulas()
+    models = {"course GPT": gpt.GPT2_SMALL, "7B-class": scaling.GPT_7B}
+    compute = {k: 60.0 * gpt.flops_per_token(c) / gpt.flops_per_token(gpt.GPT2_SMALL)
+               for k, c in models.items()}
+    args = (models, compute, 450.0, f["comm_per_gpu"], f["step_ms"], f["STRATEGIES"])
+    weak = scaling.comm_table(*args).query("strategy == 'DDP' and gpus == 8")
+    share = weak["comm_ms"] / weak["compute_ms"]
+    assert share.max() / share.min() < 1.2  # nearly the same for a 77x larger model
+    strong = scaling.comm_table(*args, strong=True).query("strategy == 'DDP'")
+    eff = strong[strong["model"] == "course GPT"]["efficiency_no_overlap"].tolist()
+    assert eff == sorted(eff, reverse=True) and eff[-1] < weak["efficiency_no_overlap"].min()
+
+
+def test_activation_memory_by_hand_and_with_checkpointing():
+    f = formulas()
+    act = f["activation_bytes"]
+    cfg = gpt.TINY  # 2 layers x 64, vocabulary 256 (padded)
+    head = 4 * 64 + 10 * 256
+    assert act(cfg, 100) == 100 * (2 * 38 * 64 + head)
+    assert act(cfg, 100, checkpointed=True) == 100 * (2 * 4 * 64 + 38 * 64 + head)
+    table = f["act"].set_index(["model", "checkpointing", "strategy", "gpus"])
+    big = table.loc[("7B-class", False, "FSDP2 (ZeRO-3)", 8)]
+    assert big["activations_gib"] == pytest.approx(
+        act(scaling.GPT_7B, 32768) / 2**30) and big["total_gib"] > 141e9 / 2**30
+    assert table.loc[("7B-class", True, "FSDP2 (ZeRO-3)", 8), "total_gib"] < 141e9 / 2**30
 
 
 def test_the_models_on_paper_have_the_parameters_of_their_shapes():
@@ -346,7 +423,9 @@ def test_the_models_on_paper_have_the_parameters_of_their_shapes():
         == 6_583_623_680
     with torch.device("meta"):
         assert gpt.count_params(gpt.GPT(scaling.GPT2_XL)) == 1_557_686_400
-    table = scaling.memory_table({"xl": scaling.GPT2_XL}, gpus=(8,))
+    f = formulas()
+    table = scaling.memory_table({"xl": scaling.GPT2_XL}, f["memory_per_gpu"], f["STRATEGIES"],
+                                 gpus=(8,))
     ddp = table[table["strategy"] == "DDP"].iloc[0]
     assert ddp["total_gib"] == pytest.approx(20 * 1_557_686_400 / 2**30)
 
@@ -464,7 +543,7 @@ def test_plain_repeated_with_its_seed_is_exact_on_the_cpu_and_another_seed_is_no
     own seed (other weights, other batches); the CPU repeats the first bit for bit."""
     single = launched[0]
     runs = {r.extra["variant"]: r for r in single.runs()}
-    assert list(runs) == ONE_PROCESS
+    assert list(runs) == ONE_PROCESS + EXTRA
     assert {r.extra["wrapper"] for r in runs.values()} == {"plain", "ddp", "fsdp2"}
     assert runs["plain (repeat 1)"].losses == runs["plain"].losses
     assert runs["plain (repeat 1)"].extra["checksums"] == runs["plain"].extra["checksums"]
@@ -507,7 +586,7 @@ def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(la
     assert table.set_index("run").loc["plain (seed 1)", "reading"].startswith("beyond noise")
     saved = json.loads((results.results_dir() / "07_losses.json").read_text())
     one = saved["one_gpu"]
-    assert set(one["runs"]) == set(ONE_PROCESS)
+    assert set(one["runs"]) == set(ONE_PROCESS + EXTRA)
     assert len(one["runs"]["fsdp2"]["losses"]) == len(one["runs"]["fsdp2"]["grad_norms"]) == 4
     assert one["noise_floor"]["floor"] == 0 and len(one["noise_floor"]["same_seed"]) == 2
     summary = _cell(nb, "print(f\"On this run (")
@@ -516,3 +595,96 @@ def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(la
     lines = capsys.readouterr().out
     assert "- one GPU, step time against the unwrapped step" in lines
     assert "noise floor 0.000% (2 same-seed runs" in lines and "ddp +0.000%, within noise" in lines
+
+
+# ------------------------------------------------------------------ checkpoint, variants, rounds
+def test_a_sharded_checkpoint_resumes_with_the_same_losses_and_a_missing_load_is_caught(launched):
+    """The 2-rank FSDP2 run saved after step 2 (DCP); a fresh meta-built model loaded it and
+    trained steps 2-3: the same losses and weights as the model that kept training. The faulty
+    script never reads the checkpoint: its fresh model's losses are far off."""
+    _, split, faulty, _, _ = launched
+    fsdp2 = next(r for r in split.runs() if r.extra["variant"] == "fsdp2")
+    resumed = fsdp2.extra["resumed"]
+    assert resumed["from_step"] == 2 and len(resumed["losses"]) == 2
+    diff = max(abs(a - b) for a, b in zip(fsdp2.losses[2:], resumed["losses"], strict=True))
+    assert diff <= scaling.TOLERANCE["max_loss_diff"], diff
+    assert resumed["checksums"] == pytest.approx(fsdp2.extra["checksums"], rel=1e-6)
+    assert not list(split.out.parent.glob("*.checkpoint")), "the checkpoint was not cleaned up"
+    assert "resumed" not in next(r for r in split.runs() if r.extra["variant"] == "ddp").extra
+    bad = next(r for r in faulty.runs() if r.extra["variant"] == "fsdp2")
+    off = max(abs(a - b) for a, b in zip(bad.losses[2:], bad.extra["resumed"]["losses"],
+                                          strict=True))
+    assert off > 100 * scaling.TOLERANCE["max_loss_diff"], off
+
+
+def test_the_notebook_reads_the_checkpoint_round_trip(launched, capsys):
+    from helpers import results
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    _, split, faulty, _, _ = launched
+    space = {"split": split, "pd": pd, "results": results, "env": {},
+             "TOLERANCE": scaling.TOLERANCE, "display": lambda *a, **k: None}
+    exec(_cell(nb, "kept_on = next("), space)
+    assert space["ckpt"]["within_tolerance"].all()
+    assert "resumed from a DCP checkpoint after step 2 on 2 ranks" in capsys.readouterr().out
+    with pytest.raises(AssertionError):  # the same cell on the faulty launch stops
+        exec(_cell(nb, "kept_on = next("), dict(space, split=faulty))
+
+
+def test_the_section_4_variants_train_as_plain_does(launched):
+    """On the CPU, activation checkpointing, DDP's bucket views and the compiled wrappers change
+    nothing in the arithmetic: their losses are plain's (compiled: to rounding); FSDP2's
+    bf16 MixedPrecisionPolicy moves them, but not far."""
+    runs = {r.extra["variant"]: r for r in launched[0].runs()}
+    plain = runs["plain"].losses
+    for variant in ("ddp+view", "plain+ac"):
+        assert runs[variant].losses == plain, variant
+    for variant in ("ddp+compile", "fsdp2+compile"):
+        assert max(abs(a - b) for a, b in zip(runs[variant].losses, plain, strict=True)) < 1e-4
+        assert any("_orig_mod" in k for k in runs[variant].extra["checksums"]), variant
+    assert any(".block." in k for k in runs["plain+ac"].extra["checksums"])
+    mp = max(abs(a - b) for a, b in zip(runs["fsdp2+mp"].losses, plain, strict=True))
+    assert 0 < mp < 1e-2
+    assert all(r.extra["memory_marks"] == {} for r in runs.values())  # no CUDA: nothing marked
+
+
+def test_the_timing_rounds_stop_once_settled_and_say_so():
+    settled = {"plain": [60.0, 61.0, 60.0, 60.5], "ddp": [70.0, 61.5, 61.0, 61.2]}
+    assert not scaling.settled({k: v[:2] for k, v in settled.items()})  # fewer than 3 rounds
+    assert scaling.settled(settled)
+    row = scaling.rounds_table(settled).iloc[0]
+    assert row["settled"] and row["rounds"] == 4
+    assert scaling.rounds_sentence(row).startswith("ddp: +1.4% over 4 interleaved rounds")
+    drifting = {"plain": [60.0, 62.0, 64.0, 66.0], "ddp": [60.0, 66.0, 72.0, 80.0]}
+    assert not scaling.settled(drifting)
+    row = scaling.rounds_table(drifting).iloc[0]
+    said = scaling.rounds_sentence(row)
+    assert "did not settle in 4 rounds" in said and "plain's +10.0%" in said, said
+    assert "unstable on this run" in said
+
+
+def test_the_section_4_cells_run_on_the_one_process_launch(launched, capsys):
+    """The GPU cells of section 4 (rounds, DDP's memory, activation checkpointing, compile,
+    MixedPrecisionPolicy) on the CPU launch that holds the same variants: their code runs; the
+    memory cell skips in one line where nothing was marked."""
+    from helpers import results, verdicts
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    single = launched[0]
+    rounds = single.payload["rounds"]
+    assert set(rounds) == {"plain", "ddp", "fsdp2"} and 1 <= len(rounds["plain"]) <= 3
+    space = {**formulas(), "one_gpu": single, "verdicts": verdicts, "results": results,
+             "gpt": gpt, "pd": pd, "gpu_cfg": gpt.TINY, "batch_size": 8, "env": {},
+             "display": lambda *a, **k: None, "n_gpu": gpt.count_params(gpt.GPT(gpt.TINY)),
+             "runs": {r.extra["variant"]: r for r in single.runs()}, "step_floor": 0.0}
+    for start in ("if one_gpu is not None and one_gpu.ok and one_gpu.payload.get(\"rounds\")",
+                  "STAGES = ", "if one_gpu is not None and one_gpu.ok:\n    pair = ",
+                  "if one_gpu is not None and one_gpu.ok:\n    compiled = ",
+                  "if one_gpu is not None and one_gpu.ok:\n    mixed = "):
+        exec(_cell(nb, start), space)
+    said = capsys.readouterr().out
+    assert "Skipped: this cell needs a CUDA GPU (torch.cuda.memory_allocated" in said
+    assert len(space["timing_rounds"]) == 2 and "activation checkpointing saved" in said
+    assert list(space["compiled"]["variant"]) == ["ddp", "ddp+compile", "fsdp2",
+                                                  "fsdp2+compile"]
+    assert space["ac"]["predicted_saved_gib"].iloc[1] > 0
