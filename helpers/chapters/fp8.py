@@ -6,16 +6,25 @@
   ``machine.needs(fp8=True, lacking=fp8.torchao_lack())``);
 - the formats (:func:`formats_table`), the scale amax / finfo.max (:func:`scale`) and the
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
-- the width sweep: one Linear's forward + backward timed (:func:`time_case`), its table with
-  TFLOP/s and the ratio to bf16 (:func:`sweep_table`) and the crossover width (:func:`crossover`);
+- the width sweep: one Linear's forward + backward timed as GPU time with the host-included call
+  time beside it and the launch-bound flag (:func:`time_case`, :func:`launch_bound`), its table
+  with TFLOP/s, the ratio to bf16 and the MB the casts move (:func:`sweep_table`,
+  :func:`cast_mb`), the crossover width (:func:`crossover`) and its reading
+  (:func:`sweep_reading`);
+- the sweep against the step: a model's converted Linear shapes (:func:`linear_shapes`), the
+  step change the sweep predicts for them (:func:`predict_step`) set against the measured one
+  (:func:`reconcile_row`), beside torchao's published figures (:data:`PUBLISHED`);
+- torchao's auto filter read against the sweep (:func:`filter_table`, :func:`filter_reading`);
+  what a forward keeps for backward (:func:`saved_for_backward`, :func:`held_for_backward_gib`);
 - the end-to-end table, the verdict and the summary, all computed from the run's tables:
   step times by the tie rule of :mod:`helpers.verdicts`, each float8 run's validation loss
   read against the noise floor of the bf16 baseline (:func:`loss_reading`), measured in
   the same run, beside the course's 2% target.
 
-Longer than 400 lines because notebook 06 measures four things (the formats, the cast error,
-the width sweep and the end-to-end run), each with its table and reading; they share the
-torchao checks and the recipes, and the notebook reads them in that order.
+Longer than 400 lines because notebook 06 measures six things (the formats, the cast error,
+the width sweep, the end-to-end runs, the sweep's prediction of them, and torchao's filter and
+memory), each with its table and reading; they share the torchao checks, the recipes and the
+sweep's table, and the notebook reads them in that order.
 """
 
 from __future__ import annotations
