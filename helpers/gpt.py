@@ -152,6 +152,11 @@ class GPT(nn.Module):
         self.head.weight = self.wte.weight  # tied: the head reuses the token embedding matrix
         self.reset_parameters()
 
+    def tie_weights(self) -> None:
+        """Make the head share the token embedding's matrix again: ``to_empty`` (after building
+        on the meta device) gives every module its own new tensor, which unties them."""
+        self.head.weight = self.wte.weight
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 initialisation (std 0.02; residual projections std 0.02 / sqrt(2 * n_layer))."""

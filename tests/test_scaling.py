@@ -44,7 +44,7 @@ NOISE = scaling.noise_variants(1, 0, other_seed=1)
 ONE_PROCESS = ["plain", "ddp", "fsdp2", *NOISE]
 # ... and the variants section 4 adds on a GPU (compiled with aot_eager here: no C++ toolchain
 # needed, the same dynamo and AOTAutograd path around the wrappers)
-EXTRA = ["ddp+view", "plain+ac", "fsdp2+mp", "ddp+compile", "fsdp2+compile"]
+EXTRA = ["ddp+view", "plain+ac", "fsdp2+mp", "fsdp2+compile"]  # (ddp+compile: on the GPU)
 # The checkpoint fault: the fresh model is never loaded (it keeps its own initial weights).
 LOAD = "    dcp.load(state, checkpoint_id=path)\n"
 NO_LOAD = "    pass  # the checkpoint is never read\n"
@@ -91,7 +91,7 @@ def launched(tmp_path_factory):
     start = time.perf_counter()
     single, split, faulty, fp16 = scaling.launch_all([
         (tmp / "train.py", 1, check_plan(corpus, variants=ONE_PROCESS + EXTRA, seeds=NOISE,
-                                          rounds=3), tmp / "single.json"),
+                                          rounds=2), tmp / "single.json"),
         (tmp / "train.py", 2, check_plan(corpus, allreduce_mib=1, **two), tmp / "split.json"),
         (tmp / "faulty.py", 2, check_plan(corpus, **two), tmp / "faulty.json"),
         (tmp / "train.py", 2, check_plan(corpus, amp="float16", save_params=False, **two),
@@ -639,7 +639,7 @@ def test_the_section_4_variants_train_as_plain_does(launched):
     plain = runs["plain"].losses
     for variant in ("ddp+view", "plain+ac"):
         assert runs[variant].losses == plain, variant
-    for variant in ("ddp+compile", "fsdp2+compile"):
+    for variant in ("fsdp2+compile",):
         assert max(abs(a - b) for a, b in zip(runs[variant].losses, plain, strict=True)) < 1e-4
         assert any("_orig_mod" in k for k in runs[variant].extra["checksums"]), variant
     assert any(".block." in k for k in runs["plain+ac"].extra["checksums"])
@@ -672,19 +672,23 @@ def test_the_section_4_cells_run_on_the_one_process_launch(launched, capsys):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     single = launched[0]
     rounds = single.payload["rounds"]
-    assert set(rounds) == {"plain", "ddp", "fsdp2"} and 1 <= len(rounds["plain"]) <= 3
+    assert set(rounds) == {"plain", "ddp", "fsdp2"} and len(rounds["plain"]) == 2  # unsettled
+    runs = {r.extra["variant"]: r for r in single.runs()}
+    runs["ddp+compile"] = dataclasses.replace(  # not launched on the CPU: a stand-in
+        runs["ddp"], extra={**runs["ddp"].extra, "variant": "ddp+compile"})
     space = {**formulas(), "one_gpu": single, "verdicts": verdicts, "results": results,
              "gpt": gpt, "pd": pd, "gpu_cfg": gpt.TINY, "batch_size": 8, "env": {},
              "display": lambda *a, **k: None, "n_gpu": gpt.count_params(gpt.GPT(gpt.TINY)),
-             "runs": {r.extra["variant"]: r for r in single.runs()}, "step_floor": 0.0}
-    for start in ("if one_gpu is not None and one_gpu.ok and one_gpu.payload.get(\"rounds\")",
+             "runs": runs, "step_floor": 0.0}
+    for start in ("timing_rounds = None\n",
                   "STAGES = ", "if one_gpu is not None and one_gpu.ok:\n    pair = ",
-                  "if one_gpu is not None and one_gpu.ok:\n    compiled = ",
+                  "failed = one_gpu.payload.get(",
                   "if one_gpu is not None and one_gpu.ok:\n    mixed = "):
         exec(_cell(nb, start), space)
     said = capsys.readouterr().out
     assert "Skipped: this cell needs a CUDA GPU (torch.cuda.memory_allocated" in said
     assert len(space["timing_rounds"]) == 2 and "activation checkpointing saved" in said
+    assert "did not settle in 2 rounds" in said
     assert list(space["compiled"]["variant"]) == ["ddp", "ddp+compile", "fsdp2",
                                                   "fsdp2+compile"]
     assert space["ac"]["predicted_saved_gib"].iloc[1] > 0
