@@ -12,9 +12,10 @@
   seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
   verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
 - the tables and the chart of the memory and communication model (its formulas are the
-  notebook's cells, passed in), the interleaved timing rounds of the wrappers' cost
-  (:func:`settled`, :func:`rounds_table`), the link's datasheet figure, notebook 05's step time (:func:`compute_from_05`, on
-  the table the notebook read);
+  notebook's cells, passed in), the link's datasheet figure, notebook 05's step time
+  (:func:`compute_from_05`, on the table the notebook read);
+- the interleaved timing rounds of the wrappers' cost: when it has settled, its spread and
+  drift (:func:`settled`, :func:`rounds_table`, :func:`rounds_sentence`);
 - Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
   with ``ast``, never imported) and in this torch.
 
@@ -756,8 +757,8 @@ def rounds_sentence(row) -> str:
     if row["settled"]:
         return (f"{row['variant']}: {row['overhead_pct']:+.1f}% over {row['rounds']} "
                 f"interleaved rounds (IQR {row['q1_pct']:+.1f}% to {row['q3_pct']:+.1f}%), "
-                f"settled: the last {SETTLE_ROUNDS} rounds within {row['last_rounds_range_pct']:.1f}"
-                f" points")
+                f"settled: the last {SETTLE_ROUNDS} rounds within "
+                f"{row['last_rounds_range_pct']:.1f} points")
     return (f"{row['variant']}: did not settle in {row['rounds']} rounds - its cost ranged "
             f"{row['min_pct']:+.1f}% to {row['max_pct']:+.1f}% (the last {SETTLE_ROUNDS} rounds "
             f"over {row['last_rounds_range_pct']:.1f} points); from the first round to the last "
