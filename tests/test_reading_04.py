@@ -94,3 +94,14 @@ def test_sections_5_and_6_read_the_child_in_a_table_and_two_lines_a_cell(o3_fina
     cause, speed = printed["f46c5bc9"]
     assert cause.startswith("O3's loss went non-finite at step 1") and "first Adam update" in cause
     assert speed.startswith("Per step, apex.amp O3 eps=0.001") and reading in speed, speed
+
+
+def test_a_failed_child_is_one_sentence_naming_its_error_once():
+    ns = _namespace(1.5)
+    error = "the child process exited with status 1: NameError: name 'amp' is not defined"
+    ns["child"] = {"runs": [], "levels": {}, "error": error, "seconds": 3.0, "meta": {}}
+    ns["child_runs"], ns["legacy_runs"] = [], []
+    (status,) = _read(ns, "23a14130")
+    assert status == f"child process: 3.0 s, {error}; 0 of 0 runs ran; it produced no fp32 run."
+    assert _read(ns, "375a777e") == ["No legacy options to check (the legacy runs did not run "
+                                     "here)."]
