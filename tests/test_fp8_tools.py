@@ -5,6 +5,7 @@ read against the sweep, what a forward keeps for backward, and the strict correc
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pandas as pd
@@ -247,6 +248,10 @@ def test_the_smoke_run_saves_the_wide_model_reconciliation_filter_and_memory_tab
     results = out / "results"
     wide = pd.read_csv(results / "06_wide_end_to_end.csv")
     assert list(wide["recipe"]) == ["bf16", "tensorwise"] and (wide["status"] == "ran").all()
+    assert wide["batch_checksum"].nunique() == 1  # the wide runs saw the same batches
+    losses = json.loads((results / "06_wide_losses.json").read_text())
+    assert set(losses["runs"]) == {"bf16", "bf16 (repeat 1)", "tensorwise"}
+    assert losses["config"]["d_model"] == 128 and 0.0 <= losses["noise_floor"] < 1e-3  # a CPU
     sweep = pd.read_csv(results / "06_width_sweep.csv")
     assert {"call_ms", "launch_bound", "cast_mb", "extra_ms_vs_bf16"} <= set(sweep.columns)
     assert {"128x384", "128x512", "512x128", "64x192", "64x256", "256x64"} <= set(sweep["shape"])
