@@ -692,3 +692,4 @@ def test_the_section_4_cells_run_on_the_one_process_launch(launched, capsys):
     assert list(space["compiled"]["variant"]) == ["ddp", "ddp+compile", "fsdp2",
                                                   "fsdp2+compile"]
     assert space["ac"]["predicted_saved_gib"].iloc[1] > 0
+    assert "graphs compiled for 2 blocks and two wrappers: 1;" in said  # one graph, reused
