@@ -1,6 +1,7 @@
 """A notebook opened alone starts: copied into an empty folder, run by a fresh virtual
-environment that holds only torch, nbconvert and ipykernel, its setup cell installs the course
-from COURSE_REPO (a local clone here) and the notebook completes in the smoke profile."""
+environment without the course (torch, the kernel and the pinned runtime packages are there, as
+in a notebook service or pip's cache), its setup cell installs the course from COURSE_REPO (a
+local clone here) and the notebook completes in the smoke profile."""
 
 from __future__ import annotations
 
