@@ -105,7 +105,7 @@ def test_without_a_floor_no_loss_is_called_within_or_beyond_noise():
     assert text.splitlines()[0].startswith("No noise floor was measured on this run")
     for recipe in ("tensorwise", "rowwise"):
         line = _line(text, recipe)
-        assert "not read against a noise floor" in line and "noise by" not in line
+        assert "not read against a run-to-run scale" in line and "noise by" not in line
         assert "within noise" not in line
 
 
@@ -119,11 +119,25 @@ def test_a_floor_too_wide_for_the_target_does_not_let_the_target_be_called_held(
     assert not held and "too wide" in words
 
 
-def test_a_zero_floor_reads_any_difference_beyond_noise():
+def test_a_zero_floor_without_another_seed_judges_no_difference():
     exact = verdicts.NoiseFloor((BASE, BASE, BASE), what="path 4 (bf16)")  # a CPU: exact repeats
+    assert math.isnan(fp8.loss_yardstick(exact)[0])
     table = _e2e(0.0001, 0.0, noise=exact).set_index("recipe")
-    assert table.loc["tensorwise", "loss_reading"].startswith("beyond noise")
-    assert table.loc["rowwise", "loss_reading"] == "within noise"  # no difference at all
+    assert table.loc["tensorwise", "loss_reading"] == "not measured"  # a floor of 0 judges nothing
+    assert not table.loc["tensorwise", "loss_reading"].startswith("beyond")
+
+
+def test_a_zero_floor_reads_the_loss_against_another_seeds_spread():
+    exact = verdicts.NoiseFloor((BASE, BASE), other_seed=BASE * 1.002, what="wide (bf16)")
+    scale, name = fp8.loss_yardstick(exact)
+    assert scale == pytest.approx(0.002) and name == fp8.OTHER_SEED
+    table = _e2e(0.003, 0.005, noise=exact).set_index("recipe")
+    assert table.loc["tensorwise", "loss_reading"] == "within 2x another seed's spread"
+    assert table.loc["rowwise", "loss_reading"] == "beyond another seed's spread by 2.5x"
+    assert (table["yardstick"] == fp8.OTHER_SEED).all()
+    assert table["yardstick_pct"].iloc[0] == pytest.approx(0.2)
+    # a floor above 0 stays the yardstick, whatever the other seed did
+    assert fp8.loss_yardstick(_noise(0.004)) == (pytest.approx(0.004), fp8.SAME_SEED)
 
 
 def test_a_timing_whose_spread_is_too_wide_is_not_called_faster():

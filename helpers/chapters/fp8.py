@@ -35,6 +35,8 @@ import importlib.metadata
 import logging
 import math
 import re
+import statistics
+import time
 import warnings
 from collections.abc import Callable, Iterable
 
@@ -306,13 +308,33 @@ def rel_error(a: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 # ------------------------------------------------------------------ the width sweep
-def launch_bound(call_ms: float, timing: bench.Timing) -> bool:
-    """True when back-to-back calls (``call_ms``, host included) are clearly slower than the
-    GPU time: above it and not a tie by :func:`helpers.verdicts.is_tie` read against the GPU
-    time's IQR - notebook 03's rule. On the CPU both are one timing: never launch-bound."""
-    if not (call_ms > timing.median_ms > 0):
+def launch_bound(issue_ms: float, timing: bench.Timing) -> bool:
+    """True when the host takes at least as long to issue one call (``issue_ms``: its own
+    clock around the call, the GPU held busy so nothing waits for it) as the GPU takes to run
+    it (``timing``'s median): then back-to-back calls leave the GPU waiting for the host. On
+    the CPU the host does the work itself (issuing is running): never launch-bound."""
+    if timing.device != "cuda" or not (math.isfinite(issue_ms) and timing.median_ms > 0):
         return False
-    return not verdicts.is_tie(call_ms, timing.median_ms, b_iqr=(timing.q1_ms, timing.q3_ms))
+    return issue_ms >= timing.median_ms
+
+
+class HostClock:
+    """Wraps a call and keeps the host's time of each call in ms (``perf_counter`` around it,
+    nothing synchronized): behind :func:`helpers.bench.hold_gpu` the GPU is busy with the hold
+    while the call is issued, so this is the host's cost of issuing it, without waiting."""
+
+    def __init__(self, fn: Callable[[], object]):
+        self.fn, self.samples_ms = fn, []
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        self.fn()
+        self.samples_ms.append((time.perf_counter() - start) * 1e3)
+
+    def median_of_last(self, n: int) -> float:
+        """Median of the last ``n`` calls (NaN when there were none)."""
+        last = self.samples_ms[-n:] if n > 0 else []
+        return float(statistics.median(last)) if last else math.nan
 
 
 def cast_mb(tokens: int, in_features: int, out_features: int, recipe: str) -> float:
@@ -333,10 +355,12 @@ def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: in
     requires grad, so all three matrix products run (output, grad_input, grad_weight); the
     gradients are cleared before each call, untimed. Timed with :func:`helpers.bench.gpu_time`:
     the median and IQR are GPU time (the host's launches kept out of the window), ``call_ms``
-    the median of back-to-back calls, host included, and ``launch_bound`` says whether the host
-    made the call slower than its GPU work (:func:`launch_bound`). The first call (compilation,
-    if any) is timed apart on the host's clock (``first_s``); ``count`` adds the kernels of one
-    call."""
+    the median of back-to-back calls, host included; ``issue_ms`` the host's own time to issue
+    one call (:class:`HostClock` around the last ``repeats`` calls, those ``gpu_time`` makes
+    behind its GPU hold; on the CPU, its only timed calls: the whole call), and
+    ``launch_bound`` whether issuing takes at least as long as the GPU work
+    (:func:`launch_bound`). The first call (compilation, if any) is timed apart on the host's
+    clock (``first_s``); ``count`` adds the kernels of one call."""
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(tokens, in_features, device=device, dtype=dtype, generator=gen)
     x.requires_grad_(True)
@@ -352,10 +376,12 @@ def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: in
         linear(x).backward(grad)
 
     first_s = bench.wall_s(lambda: (reset(), call()), device)
-    timing, call_ms = bench.gpu_time(call, device, warmup=warmup, repeats=repeats, setup=reset)
+    clock = HostClock(call)
+    timing, call_ms = bench.gpu_time(clock, device, warmup=warmup, repeats=repeats, setup=reset)
+    issue_ms = clock.median_of_last(repeats)
     result = {"median_ms": timing.median_ms, "q1_ms": timing.q1_ms, "q3_ms": timing.q3_ms,
-              "iqr_ms": timing.iqr_ms, "call_ms": call_ms,
-              "launch_bound": launch_bound(call_ms, timing), "first_s": first_s,
+              "iqr_ms": timing.iqr_ms, "call_ms": call_ms, "issue_ms": issue_ms,
+              "launch_bound": launch_bound(issue_ms, timing), "first_s": first_s,
               "compile_s": max(0.0, first_s - timing.median_ms / 1e3)}
     if count:
         counted = kernels.count_kernels(lambda: (reset(), call()), device)
@@ -440,7 +466,7 @@ def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
 def sweep_reading(sweep: pd.DataFrame, recipe: str) -> str:
     """One sentence from the sweep's square rows: at the narrowest and the widest width, the
     recipe's GPU time against bf16's, its kernels per call (where counted), the MB its casts
-    move (counted) and its TFLOP/s; then which rows were launch-bound."""
+    move (counted) and its TFLOP/s (the launch-bound rows: :func:`launch_bound_line`)."""
     square = sweep[sweep["kind"] == "square"].set_index(["in_features", "recipe"])
     widths = sorted({w for w, r in square.index if r == recipe and (w, "bf16") in square.index})
     if not widths:
@@ -454,10 +480,28 @@ def sweep_reading(sweep: pd.DataFrame, recipe: str) -> str:
         parts.append(f"at width {w} {row['median_ms']:.3g} ms of GPU time against bf16's "
                      f"{base['median_ms']:.3g} ({row['tflops']:.3g} against "
                      f"{base['tflops']:.3g} TFLOP/s){kern}, {row['cast_mb']:.3g} MB cast")
-    bound = sweep[sweep["launch_bound"].astype(bool)] if "launch_bound" in sweep else sweep[:0]
-    where = (", ".join(f"{s} {r}" for s, r in zip(bound["shape"], bound["recipe"], strict=True))
-             or "none")
-    return f"float8 {recipe}: " + "; ".join(parts) + f". Launch-bound rows: {where}."
+    return f"float8 {recipe}: " + "; ".join(parts) + "."
+
+
+def launch_bound_line(sweep: pd.DataFrame, device_type: str = "cuda") -> str:
+    """One sentence: how many of the sweep's rows are launch-bound (the host's issue time at
+    least the GPU time) and up to which GPU time, or that none is (on the CPU, by definition:
+    the host runs the call itself)."""
+    if "launch_bound" not in sweep or sweep.empty:
+        return "Launch-bound rows: not measured."
+    if device_type != "cuda":
+        return ("Launch-bound rows: none by definition - on the CPU the host runs each call "
+                "itself, so issuing it is running it.")
+    bound = sweep[sweep["launch_bound"].astype(bool)]
+    if bound.empty:
+        return (f"Launch-bound rows: none of {len(sweep)} (the host issued every call in less "
+                "than its GPU time).")
+    free = sweep[~sweep["launch_bound"].astype(bool)]
+    above = (f"; every row of more GPU time ({len(free)}) was issued faster than it ran"
+             if len(free) and free["median_ms"].min() > bound["median_ms"].max() else
+             f"; {len(free)} others were issued faster than they ran" if len(free) else "")
+    return (f"Launch-bound rows (the host's issue time at least the GPU time): {len(bound)} of "
+            f"{len(sweep)}, GPU times up to {bound['median_ms'].max():.3g} ms{above}.")
 
 
 def linear_shapes(model: nn.Module, module_filter_fn: Callable[[nn.Module, str], bool]
@@ -681,12 +725,44 @@ def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
     table["val_loss_diff_pct"] = 100.0 * (table["final_val_loss"] - base_loss) / base_loss
     floor = noise.floor if noise is not None else math.nan
     table["noise_floor_pct"] = 100.0 * floor
+    scale, name = loss_yardstick(noise)
+    table["yardstick"] = name
+    table["yardstick_pct"] = 100.0 * scale
     table["loss_reading"] = [
         "baseline" if recipe == baseline else
-        verdicts.noise_reading(diff / 100.0, floor) if math.isfinite(diff) else "not measured"
+        scale_reading(diff / 100.0, scale, name) if math.isfinite(diff) else "not measured"
         for recipe, diff in zip(table["recipe"], table["val_loss_diff_pct"], strict=True)]
     table["within_target"] = table["val_loss_diff_pct"].abs() <= 100.0 * VAL_LOSS_TOLERANCE
     return table
+
+
+SAME_SEED = "the same-seed noise floor"
+OTHER_SEED = "another seed's spread"
+
+
+def loss_yardstick(noise: verdicts.NoiseFloor | None) -> tuple[float, str]:
+    """The run-to-run scale (relative) a loss difference is read against, and its name: the
+    same-seed noise floor; where the same-seed runs repeated exactly (floor 0, which cannot
+    judge any difference) another seed's spread (``noise.other_seed``); NaN when neither is
+    measured (no repeat, or an exact repeat and no other seed)."""
+    if noise is None:
+        return math.nan, "none measured"
+    if noise.floor > 0:
+        return noise.floor, SAME_SEED
+    if math.isfinite(noise.seed_spread) and noise.seed_spread > 0:
+        return noise.seed_spread, OTHER_SEED
+    return math.nan, "none that can judge (same-seed runs repeated exactly, no other seed)"
+
+
+def scale_reading(diff: float, scale: float, name: str) -> str:
+    """A relative loss difference against a yardstick of :func:`loss_yardstick`: the floor's
+    words (:func:`helpers.verdicts.noise_reading`) for the same-seed floor, else 'within' or
+    'beyond' :data:`helpers.verdicts.NOISE_FACTOR` times the named scale."""
+    if name == SAME_SEED or not (math.isfinite(diff) and math.isfinite(scale)):
+        return verdicts.noise_reading(diff, scale)
+    if not verdicts.beyond_noise(diff, scale):
+        return f"within {verdicts.NOISE_FACTOR:g}x {name}"
+    return f"beyond {name} by {abs(diff) / scale:.1f}x"
 
 
 def _iqr(row: pd.Series) -> tuple[float, float]:
@@ -694,28 +770,40 @@ def _iqr(row: pd.Series) -> tuple[float, float]:
 
 
 def _floor(e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> float:
-    """The noise floor (relative): ``noise``'s, else the table's column, else NaN."""
+    """The yardstick (relative) a loss is read against: ``noise``'s (:func:`loss_yardstick`),
+    else the table's ``yardstick_pct`` or ``noise_floor_pct`` column, else NaN."""
     if noise is not None:
-        return noise.floor
-    if "noise_floor_pct" in e2e and len(e2e) and e2e["noise_floor_pct"].notna().any():
-        return float(e2e["noise_floor_pct"].dropna().iloc[0]) / 100.0
+        return loss_yardstick(noise)[0]
+    for col in ("yardstick_pct", "noise_floor_pct"):
+        if col in e2e and len(e2e) and e2e[col].notna().any():
+            return float(e2e[col].dropna().iloc[0]) / 100.0
     return math.nan
 
 
-def loss_reading(diff_pct: float, floor: float,
-                 tolerance: float = VAL_LOSS_TOLERANCE) -> tuple[str, bool]:
-    """A float8 run's validation-loss difference to bf16 (in percent) read against the noise
-    floor (relative; NaN when not measured) and beside the course's target: (the words, whether
-    the target holds). The target is not called held when twice the floor reaches it: the run
-    cannot then tell a difference inside the target from one outside."""
+def _yard_name(e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
+    if noise is not None:
+        return loss_yardstick(noise)[1]
+    if "yardstick" in e2e and len(e2e):
+        return str(e2e["yardstick"].iloc[0])
+    return SAME_SEED
+
+
+def loss_reading(diff_pct: float, floor: float, tolerance: float = VAL_LOSS_TOLERANCE,
+                 name: str = SAME_SEED) -> tuple[str, bool]:
+    """A float8 run's validation-loss difference to bf16 (in percent) read against the
+    yardstick ``floor`` (relative; NaN when not measured; ``name`` says which:
+    :func:`loss_yardstick`) and beside the course's target: (the words, whether the target
+    holds). The target is not called held when twice the yardstick reaches it: the run cannot
+    then tell a difference inside the target from one outside."""
     diff = diff_pct / 100.0
     if not math.isfinite(diff):
         return "no validation loss to compare", False
     if not math.isfinite(floor):
-        reading = "not read against a noise floor (none was measured on this run)"
+        reading = "not read against a run-to-run scale (none that can judge was measured)"
     else:
-        reading = verdicts.noise_reading(diff, floor)
-        reading += f" (noise floor {floor:.3%})" if floor > 0 else ""
+        reading = scale_reading(diff, floor, name)
+        reading += (f" (noise floor {floor:.3%})" if name == SAME_SEED else
+                    f" ({name}, {floor:.3%})") if floor > 0 else ""
     if math.isfinite(floor) and verdicts.NOISE_FACTOR * floor >= tolerance:
         return (f"{reading}; the floor is too wide to read the course's {tolerance:.0%} target",
                 False)
@@ -760,7 +848,7 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
         said = verdicts.compare(f"float8 {recipe}", float(row["step_ms"]), "path 4",
                                 float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base))
         diff = float(row["val_loss_diff_pct"])
-        words, agrees = loss_reading(diff, floor)
+        words, agrees = loss_reading(diff, floor, name=_yard_name(e2e, noise))
         memory = float(row["peak_mem_gib"]) - float(base["peak_mem_gib"])
         mem = "" if math.isnan(memory) else f", peak memory {memory:+.2f} GiB"
         lines.append(f"{said} per step; validation loss {diff:+.3f}% vs path 4 - {words}{mem}.")
@@ -768,7 +856,8 @@ def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
             float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base)))
         if faster and agrees:
             helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
-            readings.append(f"{recipe}'s {verdicts.noise_reading(diff / 100.0, floor)}")
+            readings.append(f"{recipe}'s "
+                            + scale_reading(diff / 100.0, floor, _yard_name(e2e, noise)))
         elif faster and "too wide" in words:
             unread.append(recipe)
     if helps:
@@ -848,9 +937,94 @@ def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
             text += f"val loss {row['final_val_loss']:.3f}"
         else:
             diff = float(row["val_loss_diff_pct"])
-            reading = (verdicts.noise_reading(diff / 100.0, floor) if math.isfinite(floor)
+            reading = (scale_reading(diff / 100.0, floor, _yard_name(e2e, noise))
+                       if math.isfinite(floor)
                        else "no noise floor")
             text += (f"{_speed(row, base.iloc[0])}, val loss {row['final_val_loss']:.3f} "
                      f"({diff:+.3f}%: {reading})")
         lines.append(text)
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the verdict as one table
+def verdict_rows(model: str, e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None = None, *,
+                 baseline: str = "bf16") -> list[dict]:
+    """One row per float8 recipe of ``model``'s :func:`end_to_end_table`: both step times, the
+    step time read by the tie rule (which refuses spreads too wide), the loss difference read
+    against the yardstick (:func:`loss_yardstick`, named), whether the course's target holds,
+    and ``speeds_up``: measurably faster with the loss within the target."""
+    ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
+    rows = []
+    for recipe, row in (e2e.set_index("recipe").iterrows() if len(e2e) else ()):
+        if recipe == baseline:
+            continue
+        out = {"model": model, "recipe": recipe}
+        if baseline not in getattr(ran, "index", []) or recipe not in ran.index:
+            rows.append({**out, "step_time": f"not compared ({row['status']})",
+                         "speeds_up": False})
+            continue
+        base, scale, name = ran.loc[baseline], _floor(e2e, noise), _yard_name(e2e, noise)
+        a, b = float(row["step_ms"]), float(base["step_ms"])
+        why = verdicts.tie_reason(a, b, a_iqr=_iqr(row), b_iqr=_iqr(base))
+        faster = not why and a < b
+        step = (f"cannot be told apart ({why})" if why else
+                f"{b / a:.2f}x faster" if faster else f"{a / b:.2f}x slower")
+        diff = float(row["val_loss_diff_pct"])
+        words, held = loss_reading(diff, scale, name=name)
+        reading = scale_reading(diff / 100.0, scale, name) if math.isfinite(scale) else "not read"
+        if "too wide" in words:  # the target cannot be read against so wide a yardstick
+            reading += f"; too wide to read the {VAL_LOSS_TOLERANCE:.0%} target"
+        rows.append({**out, "bf16_ms": b, "float8_ms": a, "step_time": step,
+                     "val_loss_diff_pct": diff, "yardstick": name,
+                     "yardstick_pct": 100.0 * scale, "loss_reading": reading,
+                     "within_target": held,
+                     "speeds_up": bool(faster and held)})
+    return rows
+
+
+def verdict_sentence(table: pd.DataFrame, model: str, where: str) -> str:
+    """One sentence for ``model`` from a table of :func:`verdict_rows`: which recipes speed up
+    its training on this run (faster by the tie rule, the loss within the target), or none."""
+    part = table[table["model"] == model] if len(table) else table
+    if part.empty:
+        return f"{model}: not compared on this run."
+    helps = part[part["speeds_up"].astype(bool)]
+    target = f"{VAL_LOSS_TOLERANCE:.0%}"
+    if len(helps):
+        said = ", ".join(f"{r.recipe} {r.step_time} ({r.val_loss_diff_pct:+.2f}% loss, "
+                         f"{r.loss_reading})" for r in helps.itertuples())
+        return (f"{model} ({where}): float8 speeds up its training on this run - {said} - "
+                f"with the validation loss within the course's {target} target.")
+    return (f"{model} ({where}): float8 does not speed up its training on this run - no recipe "
+            f"was measurably faster than bf16 with its validation loss within the course's "
+            f"{target} target.")
+
+
+def summary_table(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
+                  verdict: pd.DataFrame, reconciled: pd.DataFrame,
+                  device_type: str = "cuda") -> pd.DataFrame:
+    """The notebook's summary, one row per finding (``topic``, ``on this run``), each computed
+    from one of the run's tables: the outlier sweep, the correctness table, the width sweep,
+    the verdict table (:func:`verdict_rows`) and the sweep against the step."""
+    rows = [("rounding", breaking_line(grown, cast)) for cast in dict.fromkeys(grown["cast"])
+            if cast.startswith("float8")]
+    if len(correctness):
+        worst = correctness.groupby("recipe")["rel_err"].max()
+        rows.append(("correctness", "largest relative error against float64 "
+                     + ", ".join(f"{r} {v:.3g}" for r, v in worst.items())
+                     + (" - every tolerance held" if correctness["ok"].all() else
+                        " - a tolerance was EXCEEDED")))
+    if sweep.empty:
+        rows.append(("width sweep", "not measured here"))
+    else:
+        rows += [(f"width sweep, {r}", crossover_line(sweep, r))
+                 for r in dict.fromkeys(sweep["recipe"]) if r != "bf16"]
+        rows.append(("launch-bound", launch_bound_line(sweep, device_type)))
+    for r in (verdict.itertuples() if len(verdict) else ()):
+        loss = ("" if pd.isna(getattr(r, "val_loss_diff_pct", math.nan)) else
+                f"; loss {r.val_loss_diff_pct:+.3f}%, {r.loss_reading} ({r.yardstick})")
+        rows.append((f"{r.model}, {r.recipe}", f"step time {r.step_time}{loss}; "
+                     + ("speeds up training" if r.speeds_up else "does not speed up training")))
+    for r in (reconciled.to_dict("records") if len(reconciled) else ()):
+        rows.append((f"{r['model']}, {r['recipe']}: sweep vs step", r["reading"]))
+    return pd.DataFrame(rows, columns=["topic", "on this run"])
