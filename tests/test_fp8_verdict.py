@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, gpt, verdicts
+from helpers import bench, verdicts
 from helpers.chapters import fp8
 
 WIDE = {"bf16": "GPT 2 x 4096 (bf16)", "tensorwise": "GPT 2 x 4096 + float8 tensorwise"}
