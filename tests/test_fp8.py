@@ -327,17 +327,21 @@ def test_end_to_end_table_has_the_speedup_and_loss_difference():
 
 
 def test_verdict_says_faster_only_when_faster_and_the_losses_agree():
-    sweep = _sweep({768: 1.2, 2048: 0.9, 4096: 0.7})
-    helps = fp8.verdict(_e2e(40.0, 2.81), sweep, width=768, where="H200")
-    assert "float8 speeds up this model's training on this run - tensorwise (1.25x)" in helps
-    assert "rowwise" not in helps.split("Verdict")[1].split("\n")[0]  # rowwise tied: not listed
-    assert "pays from width 2048 up" in helps and "768x768 0.83x" in helps
-    slower = fp8.verdict(_e2e(60.0, 2.81), sweep, width=768, where="H200")
-    assert "float8 does not speed up this model's training" in slower and "slower than" in slower
-    diverged = fp8.verdict(_e2e(40.0, 2.95), sweep, width=768, where="H200")
-    assert "does not speed up" in diverged and "NOT within the course's 2%" in diverged
-    assert "did not run here" in fp8.verdict(_e2e(40.0, 2.8).iloc[1:], sweep, width=768,
-                                             where="H200")
+    rows = {r["recipe"]: r for r in fp8.verdict_rows("GPT 12 x 768", _e2e(40.0, 2.81))}
+    assert rows["tensorwise"]["step_time"] == "1.25x faster" and rows["tensorwise"]["speeds_up"]
+    assert rows["rowwise"]["step_time"] == "cannot be told apart (within 3%)"  # 50 ms each
+    assert not rows["rowwise"]["speeds_up"]
+    helps = fp8.verdict_sentence(pd.DataFrame(rows.values()), "GPT 12 x 768", "H200")
+    assert helps.startswith("GPT 12 x 768 (H200): float8 speeds up its training on this run - "
+                            "tensorwise 1.25x faster") and "rowwise" not in helps
+    [slower] = [r for r in fp8.verdict_rows("m", _e2e(60.0, 2.81)) if r["recipe"] == "tensorwise"]
+    assert slower["step_time"] == "1.20x slower" and not slower["speeds_up"]
+    [diverged] = [r for r in fp8.verdict_rows("m", _e2e(40.0, 2.95))
+                  if r["recipe"] == "tensorwise"]
+    assert not diverged["within_target"] and not diverged["speeds_up"]
+    assert "does not speed up" in fp8.verdict_sentence(pd.DataFrame([diverged]), "m", "H200")
+    no_bf16 = fp8.verdict_rows("m", _e2e(40.0, 2.8).iloc[1:])
+    assert all(r["step_time"].startswith("not compared") for r in no_bf16)
 
 
 def test_summary_reads_every_table():
@@ -345,15 +349,19 @@ def test_summary_reads_every_table():
     grown = fp8.outlier_sweep(x, [1.0, 1e6], [(E4M3, "tensorwise")], row=0)
     correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
                                  "ok": True, "kernel": "emulated"}])
-    text = fp8.summary(grown, correctness, fp8.sweep_table([]), pd.DataFrame(), where="the CPU")
-    assert text.startswith("On this run (the CPU):")
-    assert "width sweep: not measured here" in text and "end to end: not measured here" in text
-    assert "every tolerance held" in text
-    full = fp8.summary(grown, correctness, _sweep({768: 1.2, 2048: 0.8}), _e2e(40.0, 2.81),
-                       where="H200", peak_source="datasheet dense bf16 peak of the H200")
-    assert "1.25x path 4" in full and "from width 2048 up" in full
-    assert "- end to end, MFU against the datasheet dense bf16 peak of the H200:" in full
-    assert "- compilation: 4 s for the sweep's 4 cases, 60 s for the 3 training runs" in full
+    empty = fp8.summary_table(grown, correctness, fp8.sweep_table([]), pd.DataFrame(),
+                              pd.DataFrame())
+    by = dict(zip(empty["topic"], empty["on this run"], strict=True))
+    assert by["width sweep"] == "not measured here" and "every tolerance held" in by["correctness"]
+    assert by["rounding"].startswith("float8_e4m3fn tensorwise: the typical token's error")
+    verdict = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768", _e2e(40.0, 2.81)))
+    full = fp8.summary_table(grown, correctness, _sweep({768: 1.2, 2048: 0.8}), verdict,
+                             pd.DataFrame())
+    by = dict(zip(full["topic"], full["on this run"], strict=True))
+    assert "from width 2048 up" in by["width sweep, tensorwise"]
+    assert by["GPT 12 x 768, tensorwise"].startswith("step time 1.25x faster; loss +0.357%")
+    assert by["GPT 12 x 768, tensorwise"].endswith("; speeds up training")
+    assert by["launch-bound"].startswith("Launch-bound rows")
 
 
 # ------------------------------------------------------------------ the notebook

@@ -71,6 +71,10 @@ def test_the_table_puts_the_floor_and_its_reading_beside_the_difference():
     assert bare.loc["rowwise", "loss_reading"] == "not measured"
 
 
+def _row(e2e, recipe, noise=None):
+    return next(r for r in fp8.verdict_rows("GPT 12 x 768", e2e, noise) if r["recipe"] == recipe)
+
+
 @pytest.mark.parametrize(("diff", "said"), [
     (0.001, "within noise"),  # smaller than the floor
     (-0.007, "within noise"),  # larger than the floor, not NOISE_FACTOR x it
@@ -79,42 +83,37 @@ def test_the_table_puts_the_floor_and_its_reading_beside_the_difference():
 def test_the_verdict_reads_each_loss_difference_against_the_floor(diff, said):
     floor = 0.004
     assert verdicts.NOISE_FACTOR == 2.0
-    text = fp8.verdict(_e2e(diff, 0.0, noise=_noise(floor)), _sweep(), width=768, where="H200",
-                       noise=_noise(floor))
-    line = _line(text, "tensorwise")
-    assert f"validation loss {100 * diff:+.3f}% vs path 4 - {said} (noise floor 0.400%)" in line
-    assert "within the course's 2% target" in line
-    assert text.splitlines()[0] == f"The {_noise(floor).describe()}."
-    # the table's columns alone give the same reading
-    assert _line(fp8.verdict(_e2e(diff, 0.0, noise=_noise(floor)), _sweep(), width=768,
-                             where="H200"), "tensorwise") == line
+    e2e = _e2e(diff, 0.0, noise=_noise(floor))
+    row = _row(e2e, "tensorwise", _noise(floor))
+    assert row["loss_reading"] == said and row["within_target"]
+    assert row["yardstick"] == fp8.SAME_SEED and row["yardstick_pct"] == pytest.approx(0.4)
+    assert row["val_loss_diff_pct"] == pytest.approx(100 * diff)
+    assert _row(e2e, "tensorwise") == row  # the table's columns alone give the same reading
 
 
 def test_a_faster_float8_run_is_credited_with_its_loss_reading():
-    text = fp8.verdict(_e2e(0.001, 0.012, noise=_noise(0.004)), _sweep(), width=768,
-                       where="H200")
-    verdict = next(line for line in text.splitlines() if line.startswith("Verdict"))
-    assert "float8 speeds up this model's training on this run" in verdict
-    assert "tensorwise's within noise" in verdict
-    assert "rowwise's beyond noise by 3.0x the floor" in verdict
-    assert "does not change" not in text and "changes the loss" not in text
+    table = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768", _e2e(0.001, 0.012,
+                                                               noise=_noise(0.004))))
+    assert table["speeds_up"].all()
+    sentence = fp8.verdict_sentence(table, "GPT 12 x 768", "H200")
+    assert "float8 speeds up its training on this run" in sentence
+    assert "tensorwise 1.25x faster (+0.10% loss, within noise)" in sentence
+    assert "rowwise 1.25x faster (+1.20% loss, beyond noise by 3.0x the floor)" in sentence
 
 
 def test_without_a_floor_no_loss_is_called_within_or_beyond_noise():
-    text = fp8.verdict(_e2e(0.001, 0.012), _sweep(), width=768, where="H200")
-    assert text.splitlines()[0].startswith("No noise floor was measured on this run")
     for recipe in ("tensorwise", "rowwise"):
-        line = _line(text, recipe)
-        assert "not read against a run-to-run scale" in line and "noise by" not in line
-        assert "within noise" not in line
+        row = _row(_e2e(0.001, 0.012), recipe)
+        assert row["loss_reading"] == "not read" and row["yardstick"] == "none measured"
+    words, _ = fp8.loss_reading(0.1, math.nan)
+    assert words.startswith("not read against a run-to-run scale") and "noise" not in words
 
 
 def test_a_floor_too_wide_for_the_target_does_not_let_the_target_be_called_held():
     wide = _noise(0.012)  # twice the floor, 2.4%, is beyond the 2% target
-    text = fp8.verdict(_e2e(0.001, 0.001, noise=wide), _sweep(), width=768, where="H200")
-    assert "the floor is too wide to read the course's 2% target" in _line(text, "tensorwise")
-    assert "float8 does not speed up" in text
-    assert "(tensorwise, rowwise faster, but the noise floor is too wide" in text
+    row = _row(_e2e(0.001, 0.001, noise=wide), "tensorwise", wide)
+    assert row["loss_reading"] == "within noise; too wide to read the 2% target"
+    assert not row["within_target"] and not row["speeds_up"]
     words, held = fp8.loss_reading(0.1, 0.012)
     assert not held and "too wide" in words
 
@@ -142,9 +141,9 @@ def test_a_zero_floor_reads_the_loss_against_another_seeds_spread():
 
 def test_a_timing_whose_spread_is_too_wide_is_not_called_faster():
     e2e = _e2e(0.001, 0.001, noise=_noise(0.004), tw_ms=30.0, tw_spread=0.4, rw_ms=50.0)
-    text = fp8.verdict(e2e, _sweep(), width=768, where="H200")
-    assert "cannot be told apart on this run (a spread of" in _line(text, "tensorwise")
-    assert "float8 does not speed up" in text
+    row = _row(e2e, "tensorwise", _noise(0.004))
+    assert row["step_time"].startswith("cannot be told apart (a spread of")
+    assert not row["speeds_up"]
 
 
 def test_the_summary_reads_the_losses_against_the_floor():
@@ -153,19 +152,13 @@ def test_the_summary_reads_the_losses_against_the_floor():
     correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
                                  "ok": True, "kernel": "FP8 tensor cores"}])
     noise = _noise(0.004)
-    e2e = _e2e(0.003, 0.012, noise=noise, tw_ms=30.0, tw_spread=0.4)
-    text = fp8.summary(grown, correctness, _sweep(), e2e, where="H200", noise=noise)
-    lines = {line.split(":")[0]: line for line in text.splitlines() if line.startswith("- ")}
-    assert f"- {noise.describe()}" in text.splitlines()
-    assert "(+0.300%: within noise)" in lines["- end to end, path 4 + float8 tensorwise"]
-    assert "not told apart from path 4 (a spread of" in lines[
-        "- end to end, path 4 + float8 tensorwise"]
-    rowwise = lines["- end to end, path 4 + float8 rowwise"]
-    assert "(+1.200%: beyond noise by 3.0x the floor)" in rowwise
-    assert "1.25x path 4's speed" in rowwise
-    assert "noise" not in lines["- end to end, path 4 (bf16)"]
-    bare = fp8.summary(grown, correctness, _sweep(), _e2e(0.003, 0.012), where="H200")
-    assert "- noise floor: not measured here" in bare and "(+0.300%: no noise floor)" in bare
+    verdict = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768", _e2e(0.003, 0.012, noise=noise),
+                                            noise))
+    table = fp8.summary_table(grown, correctness, _sweep(), verdict, pd.DataFrame())
+    by = dict(zip(table["topic"], table["on this run"], strict=True))
+    assert ("loss +0.300%, within noise (the same-seed noise floor)"
+            in by["GPT 12 x 768, tensorwise"])
+    assert "beyond noise by 3.0x the floor" in by["GPT 12 x 768, rowwise"]
 
 
 def test_loss_reading_handles_a_missing_loss():

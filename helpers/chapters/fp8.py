@@ -7,7 +7,8 @@
 - the formats (:func:`formats_table`), the scale amax / finfo.max (:func:`scale`) and the
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
 - the width sweep: one Linear's forward + backward timed as GPU time with the host-included call
-  time beside it and the launch-bound flag (:func:`time_case`, :func:`launch_bound`), its table
+  time and the host's issue time beside it (:class:`HostClock`) and the launch-bound flag
+  (:func:`time_case`, :func:`launch_bound`, :func:`launch_bound_line`), its table
   with TFLOP/s, the ratio to bf16 and the MB the casts move (:func:`sweep_table`,
   :func:`cast_mb`), the crossover width (:func:`crossover`) and its reading
   (:func:`sweep_reading`);
@@ -16,10 +17,12 @@
   (:func:`reconcile_row`), beside torchao's published figures (:data:`PUBLISHED`);
 - torchao's auto filter read against the sweep (:func:`filter_table`, :func:`filter_reading`);
   what a forward keeps for backward (:func:`saved_for_backward`, :func:`held_for_backward_gib`);
-- the end-to-end table, the verdict and the summary, all computed from the run's tables:
-  step times by the tie rule of :mod:`helpers.verdicts`, each float8 run's validation loss
-  read against the noise floor of the bf16 baseline (:func:`loss_reading`), measured in
-  the same run, beside the course's 2% target.
+- the end-to-end table, the verdict table and the summary table, all computed from the run's
+  tables (:func:`end_to_end_table`, :func:`verdict_rows`, :func:`verdict_sentence`,
+  :func:`summary_table`): step times by the tie rule of :mod:`helpers.verdicts`, each float8
+  run's validation loss read against a run-to-run scale measured in the same run
+  (:func:`loss_yardstick`: the bf16 baseline's same-seed noise floor, or another seed's spread
+  where the same-seed runs repeat exactly) beside the course's 2% target (:func:`loss_reading`).
 
 Longer than 400 lines because notebook 06 measures six things (the formats, the cast error,
 the width sweep, the end-to-end runs, the sweep's prediction of them, and torchao's filter and
@@ -810,140 +813,6 @@ def loss_reading(diff_pct: float, floor: float, tolerance: float = VAL_LOSS_TOLE
     held = abs(diff) <= tolerance
     return (f"{reading}, {'within' if held else 'NOT within'} the course's {tolerance:.0%} "
             "target"), held
-
-
-def _speed(row: pd.Series, base: pd.Series) -> str:
-    """'1.25x path 4's speed', or why the two step times cannot be told apart."""
-    why = verdicts.tie_reason(float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row),
-                              b_iqr=_iqr(base))
-    if why:
-        return f"not told apart from path 4 ({why})"
-    return f"{float(row['speedup_vs_bf16']):.2f}x path 4's speed"
-
-
-def verdict(e2e: pd.DataFrame, sweep: pd.DataFrame, *, width: int, where: str,
-            baseline: str = "bf16", noise: verdicts.NoiseFloor | None = None) -> str:
-    """Whether float8 speeds up this model's training on this run (faster than the baseline
-    by the tie rule, which also refuses timings whose spread is too wide, and validation
-    losses within :data:`VAL_LOSS_TOLERANCE`), each loss difference read against the noise
-    floor (``noise``, else the table's ``noise_floor_pct``), and from which width the sweep
-    says float8 pays."""
-    ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
-    if baseline not in getattr(ran, "index", []):
-        return "The bf16 run (path 4) did not run here, so there is no end-to-end verdict."
-    base = ran.loc[baseline]
-    floor = _floor(e2e, noise)
-    lines = [f"The {noise.describe()}." if noise is not None else
-             f"The noise floor {floor:.3%} (path 4 trained again with the same seed)."
-             if math.isfinite(floor) else
-             "No noise floor was measured on this run, so no loss difference is read against "
-             "one."]
-    helps, readings, unread = [], [], []
-    for recipe, row in e2e.set_index("recipe").iterrows():
-        if recipe == baseline:
-            continue
-        if recipe not in ran.index:
-            lines.append(f"float8 {recipe}: {row['status']}")
-            continue
-        said = verdicts.compare(f"float8 {recipe}", float(row["step_ms"]), "path 4",
-                                float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base))
-        diff = float(row["val_loss_diff_pct"])
-        words, agrees = loss_reading(diff, floor, name=_yard_name(e2e, noise))
-        memory = float(row["peak_mem_gib"]) - float(base["peak_mem_gib"])
-        mem = "" if math.isnan(memory) else f", peak memory {memory:+.2f} GiB"
-        lines.append(f"{said} per step; validation loss {diff:+.3f}% vs path 4 - {words}{mem}.")
-        faster = (float(row["step_ms"]) < float(base["step_ms"]) and not verdicts.is_tie(
-            float(row["step_ms"]), float(base["step_ms"]), a_iqr=_iqr(row), b_iqr=_iqr(base)))
-        if faster and agrees:
-            helps.append(f"{recipe} ({float(row['speedup_vs_bf16']):.2f}x)")
-            readings.append(f"{recipe}'s "
-                            + scale_reading(diff / 100.0, floor, _yard_name(e2e, noise)))
-        elif faster and "too wide" in words:
-            unread.append(recipe)
-    if helps:
-        read = ("" if not math.isfinite(floor) else
-                " (against the noise floor: " + "; ".join(readings) + ")")
-        lines.append(f"Verdict ({where}): float8 speeds up this model's training on this run - "
-                     f"{', '.join(helps)} times path 4's speed - with the validation losses "
-                     f"within the course's {VAL_LOSS_TOLERANCE:.0%} target{read}.")
-    else:
-        lines.append(f"Verdict ({where}): float8 does not speed up this model's training on "
-                     "this run: no recipe was measurably faster than path 4 (bf16) with its "
-                     f"validation loss within the course's {VAL_LOSS_TOLERANCE:.0%} target"
-                     + (f" ({', '.join(unread)} faster, but the noise floor is too wide to read "
-                        "its loss against the target; so wide a floor points at an unhealthy start)"
-                        if unread else "") + ".")
-    for recipe in [r for r in e2e["recipe"] if r != baseline]:
-        if sweep.empty or recipe not in set(sweep["recipe"]):
-            continue
-        cross = crossover(sweep, recipe)
-        shape = sweep[(sweep["recipe"] == recipe) & ((sweep["in_features"] == width)
-                                                     | (sweep["out_features"] == width))]
-        here = (f"; at this model's width {width} the sweep measured "
-                + ", ".join(f"{s} {r:.2f}x" for s, r in zip(shape["shape"],
-                                                             shape["ratio_vs_bf16"], strict=True))
-                if len(shape) else "")
-        top = int(sweep.loc[sweep["kind"] == "square", "in_features"].max())
-        pays = (f"pays from width {cross} up" if cross is not None else
-                f"does not pay at any width up to {top}, the widest measured")
-        lines.append(f"Width: one Linear in float8 {recipe} {pays} (the sweep){here}.")
-    return "\n".join(lines)
-
-
-def summary(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
-            e2e: pd.DataFrame, *, where: str, peak_source: str = "", baseline: str = "bf16",
-            noise: verdicts.NoiseFloor | None = None) -> str:
-    """The notebook's closing lines, each computed from one of the run's tables; the float8
-    runs' step times against path 4's by the tie rule, their losses against the noise floor
-    (``noise``, else the table's ``noise_floor_pct``)."""
-    lines = [f"On this run ({where}):"]
-    lines += [f"- rounding: {breaking_line(grown, cast)}" for cast in dict.fromkeys(grown["cast"])
-              if cast.startswith("float8")]
-    if len(correctness):
-        worst = correctness.groupby("recipe")["rel_err"].max()
-        how = ", ".join(sorted(set(correctness["kernel"])))
-        lines.append("- one float8 Linear against float64 (" + how + "): largest relative error "
-                     + ", ".join(f"{r} {v:.3g}" for r, v in worst.items())
-                     + ("; every tolerance held" if correctness["ok"].all() else
-                        "; a tolerance was EXCEEDED"))
-    if sweep.empty:
-        lines.append("- width sweep: not measured here")
-    else:
-        lines += [f"- sweep: {crossover_line(sweep, r)}"
-                  for r in dict.fromkeys(sweep["recipe"]) if r != "bf16"]
-    ran = e2e[e2e["status"] == "ran"] if len(e2e) else e2e
-    if ran.empty:
-        lines.append("- end to end: not measured here")
-    compiled = sweep[sweep["mode"] == "compiled"] if "mode" in sweep else sweep[:0]
-    spent = [f"{compiled['compile_s'].sum():.0f} s for the sweep's {len(compiled)} cases"
-             if len(compiled) else "",
-             f"{ran['compile_s'].sum():.0f} s for the {ran['compile_s'].notna().sum()} training "
-             "runs" if "compile_s" in ran and ran["compile_s"].notna().any() else ""]
-    if any(spent):
-        lines.append("- compilation: " + ", ".join(p for p in spent if p))
-    if ran.empty:
-        return "\n".join(lines)
-    floor = _floor(e2e, noise)
-    lines.append("- " + (noise.describe() if noise is not None else
-                         f"noise floor {floor:.3%}" if math.isfinite(floor) else
-                         "noise floor: not measured here, so no loss is read against one"))
-    if peak_source:
-        lines.append(f"- end to end, MFU against the {peak_source}:")
-    base = ran[ran["recipe"] == baseline]
-    for _, row in ran.iterrows():
-        text = (f"- end to end, {row['label']}: {row['step_ms']:.1f} ms/step, "
-                f"{row['tokens_per_s']:,.0f} tokens/s, MFU {row['mfu']:.1%}, ")
-        if row["recipe"] == baseline or base.empty:
-            text += f"val loss {row['final_val_loss']:.3f}"
-        else:
-            diff = float(row["val_loss_diff_pct"])
-            reading = (scale_reading(diff / 100.0, floor, _yard_name(e2e, noise))
-                       if math.isfinite(floor)
-                       else "no noise floor")
-            text += (f"{_speed(row, base.iloc[0])}, val loss {row['final_val_loss']:.3f} "
-                     f"({diff:+.3f}%: {reading})")
-        lines.append(text)
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ the verdict as one table
