@@ -132,3 +132,100 @@ def test_a_tight_wrapper_gets_its_percentage_and_the_tie_rule():
     _, runs = timing_table(middling)
     said = scaling.spread_sentence(runs["ddp"], 60.0)
     assert said.startswith("ddp's step times spread widely on this run") and said.endswith(".")
+
+
+# ------------------------------------------------------------------ the rounds, read once
+# The H200 run of 2026-12-02: fsdp2 settled by the stop rule (its last 3 rounds within 2.5
+# points) with an IQR of +5.8% to +15.2% over the rounds - unstable, not "settled".
+H200_ROUNDS = {"plain": [62.137, 61.949, 62.107, 62.212, 62.549, 62.697],
+               "ddp": [63.183, 63.297, 63.271, 63.233, 63.424, 64.136],
+               "fsdp2": [66.259, 73.140, 73.447, 64.845, 65.989, 66.935]}
+
+
+def test_a_settled_cost_with_a_wide_iqr_reads_unstable_with_its_drift():
+    table = scaling.rounds_table(H200_ROUNDS).set_index("variant")
+    assert table["settled"].all()  # the stop rule was met ...
+    assert not table.loc["fsdp2", "stable"] and table.loc["ddp", "stable"]  # ... fsdp2 unstable
+    said = scaling.rounds_by_variant(table.reset_index())
+    assert "settled" not in said["fsdp2"] and "unstable on this run" in said["fsdp2"]
+    assert "IQR +5.8% to +15.2%" in said["fsdp2"] and "ranged +4.2% to +18.3%" in said["fsdp2"]
+    assert "its step time +1.0% and plain's +0.9%" in said["fsdp2"]
+    assert said["fsdp2"].endswith("above plain's step by more than 3% in every round")
+    assert said["ddp"].startswith("ddp: +1.8% over 6 interleaved rounds (IQR +1.7% to +2.1%)")
+    assert said["ddp"].endswith("a tie with plain: its IQR inside the tie rule's 3%")
+    assert scaling.rounds_by_variant(None) == {}
+
+
+def test_a_stable_cost_beyond_the_tie_reads_slower():
+    rounds = {"plain": [60.0] * 4, "fsdp2": [66.0, 66.3, 66.1, 66.2]}
+    said = scaling.rounds_sentence(scaling.rounds_table(rounds).iloc[0])
+    assert ", stable:" in said and said.endswith("slower than plain beyond the tie rule's 3%")
+
+
+# ------------------------------------------------------------------ what DDP allocates
+STAGES = ["model built", "wrapped", "step 0: after forward", "step 0: after backward",
+          "step 0: after the update", "step 1: after forward", "step 1: after backward",
+          "step 1: after the update"]
+
+
+def ddp_table(ddp, grads, view, rebuilt) -> pd.DataFrame:
+    return pd.DataFrame({"stage": STAGES, "ddp_allocated_vs_plain_gib": ddp,
+                         "ddp_grads_vs_plain_gib": grads,
+                         "ddp+view_allocated_vs_plain_gib": view, "ddp_rebuilt": rebuilt})
+
+
+def test_ddp_memory_beyond_the_buckets_is_located_or_said_unexplained():
+    rebuilt = [False] * 5 + [True] * 3
+    # as on the H200: 0.32 GiB at wrapping, 0.32 more from step 1, not in the .grad tensors
+    h200 = ddp_table([0, .321, .321, .322, .323, .645, .646, .646], [0] * 8,
+                     [.009, .329, .329, .004, .004, .327, .327, .327], rebuilt)
+    said = scaling.ddp_memory_sentence(h200, 0.32)
+    assert said.startswith("wrapping in DDP allocated 0.32 GiB more than plain (its buckets on "
+                           "paper: 0.32 GiB); from 'step 1: after forward', the first stage "
+                           "after DDP rebuilt its buckets, 0.32 GiB more stayed allocated"), said
+    assert "outside the .grad tensors' storage" in said and "not explained" in said
+    assert said.endswith("with gradient_as_bucket_view=True +0.33 GiB against plain there")
+    in_grads = ddp_table([0, .32, .32, .64, .64, .64, .64, .64], [0, 0, 0, .32, .32, 0, .32, .32],
+                         [0] * 8, [False] * 8)
+    said = scaling.ddp_memory_sentence(in_grads, 0.32)
+    assert "from 'step 0: after backward' 0.32 GiB more stayed allocated, in the .grad" in said
+    assert "rebuilt" not in said
+    flat = ddp_table([0, .32, .32, .32, .32, .32, .32, .32], [0] * 8, [0] * 8, rebuilt)
+    assert scaling.ddp_memory_sentence(flat, 0.32).endswith("nothing more at any later stage")
+
+
+# ------------------------------------------------------------------ what Dynamo compiled
+def test_dynamo_counts_see_a_compile_a_cache_hit_a_reset_and_a_recompile():
+    import torch
+
+    def f(x):
+        return torch.sin(x) * 2
+
+    g = torch.compile(f, backend="eager", dynamic=False)
+    torch._dynamo.reset()
+    before = scaling.dynamo_counts()
+    g(torch.ones(3))
+    assert scaling.counts_since(before)["graphs"] == 1
+    before = scaling.dynamo_counts()
+    g(torch.ones(3))  # the cached graph: nothing new
+    assert scaling.counts_since(before) == dict.fromkeys(before, 0)
+    torch._dynamo.reset()  # what the script does before a compiled variant: it compiles again
+    before = scaling.dynamo_counts()
+    g(torch.ones(3))
+    g(torch.ones(4))  # another shape: a guard fails, a recompile
+    got = scaling.counts_since(before)
+    assert got["graphs"] == 2 and got["recompiles"] == 1 and got["limit_hits"] == 0
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=1, automatic_dynamic_shapes=False):
+        before = scaling.dynamo_counts()
+        for n in (5, 6):
+            g(torch.ones(n))
+        assert scaling.counts_since(before)["limit_hits"] == 1  # the second shape ran eagerly
+    torch._dynamo.reset()
+    row = {"variant": "fsdp2+compile", "graphs": 1, "frames": 2, "graph_breaks": 0,
+           "recompiles": 1, "limit_hits": 1, "first_step_s": 0.1}
+    said = scaling.compile_sentence(row)
+    assert said == ("fsdp2+compile: 1 graph(s) compiled from 2 frame(s), 0 graph break(s), "
+                    "1 recompile(s), gave up 1 time(s) at its recompile limit (those calls ran "
+                    "eagerly); first step 0.1 s")
+    assert "gave up" not in scaling.compile_sentence(dict(row, limit_hits=float("nan")))

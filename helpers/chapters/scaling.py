@@ -734,33 +734,119 @@ def settled(rounds: dict[str, list[float]], baseline: str = "plain",
 
 def rounds_table(rounds: dict[str, list[float]], baseline: str = "plain") -> pd.DataFrame:
     """One row per wrapper: its overhead over the rounds (median, quartiles, range), whether it
-    settled, and the baseline's drift (its last round's step time over its first, minus 1)."""
+    settled (the script's stop rule), whether it is stable (settled, and its IQR over all rounds
+    within the tie rule's 3 points), the change of its overhead from the first round to the last,
+    and the drifts of its step time and the baseline's (last round over first, minus 1)."""
     base = rounds[baseline]
     done = settled(rounds, baseline)
     rows = []
     for name, o in round_overheads(rounds, baseline).items():
         s = pd.Series(o)
+        q1, q3 = 100 * s.quantile(0.25), 100 * s.quantile(0.75)
         rows.append({"variant": name, "rounds": len(o), "overhead_pct": 100 * s.median(),
-                     "q1_pct": 100 * s.quantile(0.25), "q3_pct": 100 * s.quantile(0.75),
+                     "q1_pct": q1, "q3_pct": q3,
                      "min_pct": 100 * s.min(), "max_pct": 100 * s.max(),
                      "last_rounds_range_pct": 100 * (max(o[-SETTLE_ROUNDS:])
                                                      - min(o[-SETTLE_ROUNDS:])),
                      "settled": done,
+                     "stable": bool(done and q3 - q1 <= 100 * verdicts.TIE_FRACTION),
+                     "overhead_change_pts": 100 * (o[-1] - o[0]),
                      "own_drift_pct": 100 * (rounds[name][-1] / rounds[name][0] - 1),
                      "baseline_drift_pct": 100 * (base[-1] / base[0] - 1)})
     return pd.DataFrame(rows)
 
 
 def rounds_sentence(row) -> str:
-    """One sentence for a row of :func:`rounds_table`: a settled cost with its spread over the
-    rounds, or an unsettled one with its range and the drift measured."""
-    if row["settled"]:
-        return (f"{row['variant']}: {row['overhead_pct']:+.1f}% over {row['rounds']} "
-                f"interleaved rounds (IQR {row['q1_pct']:+.1f}% to {row['q3_pct']:+.1f}%), "
-                f"settled: the last {SETTLE_ROUNDS} rounds within "
-                f"{row['last_rounds_range_pct']:.1f} points")
-    return (f"{row['variant']}: did not settle in {row['rounds']} rounds - its cost ranged "
-            f"{row['min_pct']:+.1f}% to {row['max_pct']:+.1f}% (the last {SETTLE_ROUNDS} rounds "
-            f"over {row['last_rounds_range_pct']:.1f} points); from the first round to the last "
-            f"its step time drifted {row['own_drift_pct']:+.1f}%, plain's "
-            f"{row['baseline_drift_pct']:+.1f}%: unstable on this run")
+    """One sentence for a row of :func:`rounds_table`: a stable cost with its spread over the
+    rounds and the tie rule's reading; an unstable one (not settled, or an IQR over the rounds
+    wider than the tie rule's 3 points) with its range, its IQR and the drift measured."""
+    tie = 100 * verdicts.TIE_FRACTION
+    head = (f"{row['variant']}: {row['overhead_pct']:+.1f}% over {row['rounds']} interleaved "
+            f"rounds (IQR {row['q1_pct']:+.1f}% to {row['q3_pct']:+.1f}%)")
+    if row["stable"]:
+        if -tie < row["q1_pct"] and row["q3_pct"] < tie:
+            reading = f"a tie with plain: its IQR inside the tie rule's {tie:.0f}%"
+        elif row["q1_pct"] >= tie or row["q3_pct"] <= -tie:
+            reading = (f"{'slower' if row['q1_pct'] > 0 else 'faster'} than plain beyond the "
+                       f"tie rule's {tie:.0f}%")
+        else:
+            reading = f"its IQR straddles the tie rule's {tie:.0f}%: not told apart from plain"
+        return (f"{head}, stable: the last {SETTLE_ROUNDS} rounds within "
+                f"{row['last_rounds_range_pct']:.1f} points; {reading}")
+    every = (f"; above plain's step by more than {tie:.0f}% in every round" if row["min_pct"] > tie
+             else f"; below plain's step by more than {tie:.0f}% in every round"
+             if row["max_pct"] < -tie else "")
+    return (f"{head}, unstable on this run: its rounds ranged {row['min_pct']:+.1f}% to "
+            f"{row['max_pct']:+.1f}% (the last {min(SETTLE_ROUNDS, row['rounds'])} within "
+            f"{row['last_rounds_range_pct']:.1f} points), first round to last its cost moved "
+            f"{row['overhead_change_pts']:+.1f} points, its step time {row['own_drift_pct']:+.1f}%"
+            f" and plain's {row['baseline_drift_pct']:+.1f}%{every}")
+
+
+def rounds_by_variant(table: pd.DataFrame | None) -> dict[str, str]:
+    """Each wrapper's :func:`rounds_sentence` (none without a rounds table), for the summary."""
+    return {} if table is None else {r["variant"]: rounds_sentence(r)
+                                     for r in table.to_dict("records")}
+
+
+# ------------------------------------------------------------------ what Dynamo compiled
+def dynamo_counts() -> dict[str, int]:
+    """What Dynamo has done in this process so far: graphs compiled, frames it tried to compile
+    and those it compiled, graph breaks, recompiles (guard failures) and the times it gave up on
+    a frame at its recompile limit (the frame then runs eagerly)."""
+    from torch._dynamo import utils as dynamo_utils
+
+    counters = dynamo_utils.counters
+    failures = getattr(dynamo_utils, "guard_failures", {})
+    given_up = counters.get("unimplemented", {})
+    return {"graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "frames": int(counters["frames"].get("total", 0)),
+            "frames_ok": int(counters["frames"].get("ok", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "recompiles": int(sum(len(v) for v in failures.values())),
+            "limit_hits": int(sum(n for msg, n in given_up.items()
+                                  if "recompile" in msg.lower() and "limit" in msg.lower()))}
+
+
+def counts_since(before: dict[str, int], after: dict[str, int] | None = None) -> dict[str, int]:
+    """:func:`dynamo_counts` now (or ``after``) minus ``before``: what one variant added."""
+    after = dynamo_counts() if after is None else after
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def compile_sentence(row) -> str:
+    """What Dynamo did for one compiled variant (a row of the notebook's compile table), as
+    counted in its launch: graphs, frames, graph breaks, recompiles, recompile-limit hits."""
+    limit = (f", gave up {row['limit_hits']:.0f} time(s) at its recompile limit (those calls "
+             "ran eagerly)" if row["limit_hits"] > 0 else "")  # NaN: not counted
+    return (f"{row['variant']}: {row['graphs']:.0f} graph(s) compiled from "
+            f"{row['frames']:.0f} frame(s), {row['graph_breaks']:.0f} graph break(s), "
+            f"{row['recompiles']:.0f} recompile(s){limit}; first step {row['first_step_s']:.1f} s")
+
+
+# ------------------------------------------------------------------ what DDP allocates
+def ddp_memory_sentence(table: pd.DataFrame, buckets_gib: float, tol_gib: float = 0.02) -> str:
+    """One sentence on DDP's allocation over the stages (the notebook's ``ddp_mem`` table:
+    ``stage``, ``{v}_allocated_vs_plain_gib`` and ``{v}_grads_vs_plain_gib`` for v in ddp,
+    ddp+view, and ``ddp_rebuilt``): what wrapping allocated against the buckets on paper, and
+    whether, and where, more came on top - in the .grad tensors' storage or outside it."""
+    wrap = float(table["ddp_allocated_vs_plain_gib"].iloc[1])
+    said = (f"wrapping in DDP allocated {wrap:.2f} GiB more than plain (its buckets on paper: "
+            f"{buckets_gib:.2f} GiB)")
+    extra = table["ddp_allocated_vs_plain_gib"] - wrap
+    grown = table[extra > tol_gib]
+    if grown.empty:
+        return said + "; nothing more at any later stage"
+    at = int(grown.index[0])  # the first stage with more on top (a RangeIndex position)
+    first = table.iloc[at]
+    more, grads = float(extra.iloc[at]), float(first["ddp_grads_vs_plain_gib"])
+    where = ("in the .grad tensors' storage" if abs(grads - more) <= tol_gib else
+             f"outside the .grad tensors' storage (DDP's grads {grads:+.2f} GiB against plain's)"
+             " - measured, not explained by what this run records")
+    rebuilt = ("ddp_rebuilt" in table and bool(first["ddp_rebuilt"])
+               and (at == 0 or not bool(table["ddp_rebuilt"].iloc[at - 1])))
+    view = float(table["ddp+view_allocated_vs_plain_gib"].iloc[at])
+    return (said + f"; from '{first['stage']}'"
+            + (", the first stage after DDP rebuilt its buckets," if rebuilt else "")
+            + f" {more:.2f} GiB more stayed allocated, {where}; with "
+            f"gradient_as_bucket_view=True {view:+.2f} GiB against plain there")
