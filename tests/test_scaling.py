@@ -580,7 +580,8 @@ def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(la
     overhead = space["overhead"]
     assert list(overhead["variant"]) == ["plain", "ddp", "fsdp2"]  # the repeats are no wrappers
     assert overhead.loc[0, "mem_vs_plain_gib"] == 0 or overhead["mem_vs_plain_gib"].isna().all()
-    assert "overhead_pct" not in overhead  # the cost is read once, from the timing rounds
+    shown = capsys.readouterr().out  # the cost is read once, from the timing rounds: no verdict
+    assert "cannot be told apart" not in shown and "slower than" not in shown, shown
     exec(_cell(nb, "if one_gpu is not None and one_gpu.ok:\n    loss_noise"), space)
     said = capsys.readouterr().out
     assert "ddp vs plain: validation loss +0.000% - within noise" in said, said
