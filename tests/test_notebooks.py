@@ -77,7 +77,8 @@ def test_05_reads_its_losses_against_a_noise_floor_it_measured(smoke_run):
 
     import pandas as pd
 
-    out, _ = smoke_run
+    out, runs = smoke_run
+    runs["05_end_to_end_transformer.ipynb"]  # skips, saying so, where the run left 05 out
     saved = json.loads((out / "results" / "05_losses.json").read_text())
     assert len(saved["noise"]["same_seed"]) == 4  # path 3 and noise_runs = 3 repeats
     assert saved["noise"]["floor"] == 0.0  # the CPU repeats a run exactly
