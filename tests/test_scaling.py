@@ -752,3 +752,54 @@ def test_the_ddp_memory_cell_reads_a_gpu_runs_marks(capsys):
     assert said.startswith("wrapping in DDP allocated 0.32 GiB more than plain"), said
     assert "from 'step 1: after forward', the first stage after DDP rebuilt its buckets" in said
     assert "not explained" in said and said == space["ddp_mem_said"] + ".\n"
+
+
+def test_the_scaling_plot_cell_reads_every_measured_point_in_one_sentence(capsys):
+    """Section 6's plot cell on a made-up table of two GPU counts: one sentence counts the points
+    inside their predicted band and names the ones outside."""
+    from helpers import results
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    rows = [("weak", "ddp", 1, 1.0, 1.0, 1.0), ("weak", "ddp", 2, 0.97, 0.95, 1.0),
+            ("strong", "ddp", 2, 0.80, 0.90, 1.0)]
+    scaled = pd.DataFrame(rows, columns=["scaling", "variant", "world_size", "efficiency",
+                                         "predicted_no_overlap", "predicted_overlap"])
+    space = {"scaled": scaled, "batch_size": 8, "gpu_cfg": gpt.TINY, "results": results}
+    exec(_cell(nb, 'if scaled is not None and scaled["world_size"].nunique() > 1:'), space)
+    said = capsys.readouterr().out
+    assert said == ("1 of 2 measured efficiencies lie inside their predicted band; outside it: "
+                    "ddp strong on 2 GPUs (80.0%, predicted 90.0% to 100.0%).\n"), said
+
+
+def test_the_multi_gpu_cell_tabulates_a_launch_and_reads_ddp_against_fsdp2(launched, capsys):
+    """Section 6's launch cell with its launches answered by the CPU check's 2-rank launch (DDP
+    and FSDP2 on the same batches, an all-reduce timed): the table gets its efficiencies and
+    predictions, and one sentence reads DDP against FSDP2."""
+    import types
+
+    from helpers import results, verdicts
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    single, split = launched[0], launched[1]
+    fake = types.SimpleNamespace(**{k: getattr(scaling, k) for k in dir(scaling)
+                                    if not k.startswith("__")})
+    fake.launch = lambda *a, **k: split
+    overhead = scaling.runs_table([r for r in single.runs()
+                                   if r.extra["variant"] in ("plain", "ddp", "fsdp2")])
+    space = {**formulas(), "scaling": fake, "gpus": 2, "max_gpus": 8, "batch_size": 8,
+             "overhead": overhead, "gpu_plan": lambda *a, **k: {}, "script": "train.py",
+             "out_dir": Path("."), "launch_timeout_s": 60, "show": lambda launch: None,
+             "pd": pd, "verdicts": verdicts, "step_floor": 0.0, "gpu_cfg": gpt.TINY,
+             "results": results, "env": {}, "display": lambda *a, **k: None}
+    capsys.readouterr()  # what the formula cells printed
+    exec(_cell(nb, "counts = [n for n in (2, 4, 8)"), space)
+    scaled = space["scaled"]
+    assert set(scaled["world_size"]) == {1, 2} and len(scaled) == 8  # 2 one-GPU rows per kind
+    two = scaled[scaled["world_size"] == 2]
+    assert (two["busbw_gbps"] == split.payload["allreduce"]["busbw_gbps"]).all()
+    assert two[["predicted_no_overlap", "predicted_overlap", "efficiency"]].notna().all().all()
+    assert two["ddp_vs_fsdp2_nats"].notna().all()
+    said = capsys.readouterr().out
+    assert said.startswith("DDP and FSDP2 on the same batches: largest per-step loss "
+                           "difference over these launches"), said
+    assert said.count("\n") == 1
