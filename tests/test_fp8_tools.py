@@ -286,7 +286,7 @@ def test_the_smoke_run_saves_the_wide_model_reconciliation_filter_and_memory_tab
     losses = json.loads((results / "06_wide_losses.json").read_text())
     assert set(losses["runs"]) == {"bf16", "bf16 (repeat 1)", "bf16 (seed 1)", "tensorwise"}
     assert losses["config"]["d_model"] == 128 and 0.0 <= losses["noise_floor"] < 1e-3  # a CPU
-    if losses["noise_floor"] == 0:  # exact repeats: the other seed's spread is the yardstick
+    if losses["noise_floor"] < 1e-6:  # (near) exact repeats: the other seed's spread is it
         assert losses["yardstick"]["name"] == fp8.OTHER_SEED and losses["yardstick"]["scale"] > 0
     assert (wide["yardstick"] == losses["yardstick"]["name"]).all()
     sweep = pd.read_csv(results / "06_width_sweep.csv")

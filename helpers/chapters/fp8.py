@@ -745,15 +745,19 @@ OTHER_SEED = "another seed's spread"
 
 def loss_yardstick(noise: verdicts.NoiseFloor | None) -> tuple[float, str]:
     """The run-to-run scale (relative) a loss difference is read against, and its name: the
-    same-seed noise floor; where the same-seed runs repeated exactly (floor 0, which cannot
-    judge any difference) another seed's spread (``noise.other_seed``); NaN when neither is
-    measured (no repeat, or an exact repeat and no other seed)."""
+    larger of the same-seed noise floor and another seed's spread (``noise.other_seed``), where
+    both are measured. float8 changes the numbers a run computes, so its run moves away from
+    bf16's as a perturbed run does: where the kernels repeat a run (almost) exactly, the floor
+    alone would call any such move a finding, while another seed measures how far a run's loss
+    moves at this training length. NaN when neither can judge (no repeat, or an exact repeat
+    and no other seed)."""
     if noise is None:
         return math.nan, "none measured"
+    seed = noise.seed_spread if math.isfinite(noise.seed_spread) else 0.0
+    if seed > noise.floor:
+        return seed, OTHER_SEED
     if noise.floor > 0:
         return noise.floor, SAME_SEED
-    if math.isfinite(noise.seed_spread) and noise.seed_spread > 0:
-        return noise.seed_spread, OTHER_SEED
     return math.nan, "none that can judge (same-seed runs repeated exactly, no other seed)"
 
 
@@ -846,7 +850,8 @@ def verdict_rows(model: str, e2e: pd.DataFrame, noise: verdicts.NoiseFloor | Non
         rows.append({**out, "bf16_ms": b, "float8_ms": a, "step_time": step,
                      "val_loss_diff_pct": diff, "yardstick": name,
                      "yardstick_pct": 100.0 * scale, "loss_reading": reading,
-                     "within_target": held,
+                     "within_target": held, "faster": bool(faster),
+                     "target_readable": "too wide" not in words,
                      "speeds_up": bool(faster and held)})
     return rows
 
@@ -864,6 +869,14 @@ def verdict_sentence(table: pd.DataFrame, model: str, where: str) -> str:
                          f"{r.loss_reading})" for r in helps.itertuples())
         return (f"{model} ({where}): float8 speeds up its training on this run - {said} - "
                 f"with the validation loss within the course's {target} target.")
+    unread = part[part.get("faster", False) & ~part.get("target_readable", True)] \
+        if {"faster", "target_readable"} <= set(part) else part[:0]
+    if len(unread):
+        said = ", ".join(f"{r.recipe} {r.step_time} per step ({r.val_loss_diff_pct:+.2f}% loss, "
+                         f"{r.loss_reading})" for r in unread.itertuples())
+        return (f"{model} ({where}): float8 is faster on this run - {said} - but the run cannot "
+                f"say whether its loss holds the course's {target} target: the yardstick is too "
+                "wide at this training length.")
     return (f"{model} ({where}): float8 does not speed up its training on this run - no recipe "
             f"was measurably faster than bf16 with its validation loss within the course's "
             f"{target} target.")
@@ -893,7 +906,10 @@ def summary_table(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.Data
         loss = ("" if pd.isna(getattr(r, "val_loss_diff_pct", math.nan)) else
                 f"; loss {r.val_loss_diff_pct:+.3f}%, {r.loss_reading} ({r.yardstick})")
         rows.append((f"{r.model}, {r.recipe}", f"step time {r.step_time}{loss}; "
-                     + ("speeds up training" if r.speeds_up else "does not speed up training")))
+                     + ("speeds up training" if r.speeds_up else
+                        "faster; the loss target cannot be read on this run"
+                        if getattr(r, "faster", False) and not getattr(r, "target_readable", True)
+                        else "does not speed up training")))
     for r in (reconciled.to_dict("records") if len(reconciled) else ()):
         rows.append((f"{r['model']}, {r['recipe']}: sweep vs step", r["reading"]))
     return pd.DataFrame(rows, columns=["topic", "on this run"])
