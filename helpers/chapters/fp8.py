@@ -312,13 +312,16 @@ def rel_error(a: torch.Tensor, reference: torch.Tensor) -> float:
 
 # ------------------------------------------------------------------ the width sweep
 def launch_bound(issue_ms: float, timing: bench.Timing) -> bool:
-    """True when the host takes at least as long to issue one call (``issue_ms``: its own
-    clock around the call, the GPU held busy so nothing waits for it) as the GPU takes to run
-    it (``timing``'s median): then back-to-back calls leave the GPU waiting for the host. On
-    the CPU the host does the work itself (issuing is running): never launch-bound."""
+    """True when the host takes longer to issue one call (``issue_ms``: its own clock around
+    the call, the GPU held busy so nothing waits for it) than the GPU takes to run it
+    (``timing``'s median), by more than the course's tie rule allows (the GPU time's IQR and
+    :data:`helpers.verdicts.TIE_FRACTION`): then back-to-back calls leave the GPU waiting for
+    the host. Two times that cannot be told apart are not a finding. On the CPU the host does
+    the work itself (issuing is running): never launch-bound."""
     if timing.device != "cuda" or not (math.isfinite(issue_ms) and timing.median_ms > 0):
         return False
-    return issue_ms >= timing.median_ms
+    return issue_ms > timing.median_ms and not verdicts.is_tie(
+        issue_ms, timing.median_ms, b_iqr=(timing.q1_ms, timing.q3_ms))
 
 
 class HostClock:
@@ -361,7 +364,7 @@ def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: in
     the median of back-to-back calls, host included; ``issue_ms`` the host's own time to issue
     one call (:class:`HostClock` around the last ``repeats`` calls, those ``gpu_time`` makes
     behind its GPU hold; on the CPU, its only timed calls: the whole call), and
-    ``launch_bound`` whether issuing takes at least as long as the GPU work
+    ``launch_bound`` whether issuing clearly takes longer than the GPU work (the tie rule)
     (:func:`launch_bound`). The first call (compilation, if any) is timed apart on the host's
     clock (``first_s``); ``count`` adds the kernels of one call."""
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -487,9 +490,9 @@ def sweep_reading(sweep: pd.DataFrame, recipe: str) -> str:
 
 
 def launch_bound_line(sweep: pd.DataFrame, device_type: str = "cuda") -> str:
-    """One sentence: how many of the sweep's rows are launch-bound (the host's issue time at
-    least the GPU time) and up to which GPU time, or that none is (on the CPU, by definition:
-    the host runs the call itself)."""
+    """One sentence: how many of the sweep's rows are launch-bound (the host's issue time
+    beyond the GPU time by the tie rule) and up to which GPU time, or that none is (on the CPU,
+    by definition: the host runs the call itself)."""
     if "launch_bound" not in sweep or sweep.empty:
         return "Launch-bound rows: not measured."
     if device_type != "cuda":
@@ -503,7 +506,7 @@ def launch_bound_line(sweep: pd.DataFrame, device_type: str = "cuda") -> str:
     above = (f"; every row of more GPU time ({len(free)}) was issued faster than it ran"
              if len(free) and free["median_ms"].min() > bound["median_ms"].max() else
              f"; {len(free)} others were issued faster than they ran" if len(free) else "")
-    return (f"Launch-bound rows (the host's issue time at least the GPU time): {len(bound)} of "
+    return (f"Launch-bound rows (issued slower than they ran, by the tie rule): {len(bound)} of "
             f"{len(sweep)}, GPU times up to {bound['median_ms'].max():.3g} ms{above}.")
 
 
