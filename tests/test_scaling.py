@@ -191,8 +191,12 @@ def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path
      "its last error: COURSE_GPU_MEMORY_GIB=x is not a number")])
 def test_a_rank_that_fails_before_its_process_group_names_its_error(tmp_path, body, said):
     """Lines written before init_process_group carry no [rankN] prefix: the sentence still
-    quotes the error (a KeyError), or the one sentence a rank stopped with (errors.stop)."""
-    (tmp_path / "early.py").write_text(body)
+    quotes the error (a KeyError), or the one sentence a rank stopped with (errors.stop). Rank 0
+    fails and rank 1 ends cleanly: two ranks failing in the same instant write into one stderr
+    at once, and their lines interleave ("KeyErrorKeyError: : ...")."""
+    guarded = "import os\nif os.environ['RANK'] == '0':\n" + "".join(
+        f"    {line}\n" for line in body.splitlines())
+    (tmp_path / "early.py").write_text(guarded)
     launch = scaling.launch(tmp_path / "early.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
                             timeout=60)
     assert not launch.ok and launch.error.endswith(said), launch.error
