@@ -480,6 +480,8 @@ def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
      "wide_width = 1000: the wide model's heads are 128 wide"),
     ('wide_recipes = ("tensorwise",)', 'wide_recipes = ("rowwise_with_gw_hp",)',
      "wide_recipes holds ['rowwise_with_gw_hp'], which recipes does not"),
+    ("model_recipes = None", 'model_recipes = ("rowwise_with_gw_hp",)',
+     "model_recipes holds ['rowwise_with_gw_hp'], which recipes does not"),
     ("lr = None", 'lr = "3e-4"', "Parameter lr = '3e-4' must be")])
 def test_bad_widths_recipes_noise_runs_and_lr_stop_in_one_sentence(old, new, said):
     """The notebook's parameters cell, edited, then its checks (the setup cell up to the
@@ -494,3 +496,23 @@ def test_bad_widths_recipes_noise_runs_and_lr_stop_in_one_sentence(old, new, sai
         exec(checks.split("profile = resolve(profile)", 1)[0], space)
     exec(params.source, space)  # as shipped: the checks pass
     exec(checks.split("profile = resolve(profile)", 1)[0], space)
+
+
+@pytest.mark.parametrize(("profile", "given", "trained"), [
+    ("full", None, ("tensorwise",)), ("smoke", None, ("tensorwise", "rowwise")),
+    ("full", ("rowwise", "tensorwise"), ("rowwise", "tensorwise")), ("full", (), ())])
+def test_model_recipes_default_to_the_first_recipe_in_the_full_profile(profile, given, trained):
+    """Section 4 trains (and the sweep times at its shapes) the first of `recipes` in the full
+    profile - each recipe more is a training and three sweep cases, compiled - and every recipe
+    in the smoke profile, which checks the code; a value set in the parameters cell is kept."""
+    from helpers.run_profile import resolve
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    checks = next(c.source for c in nb.cells if "errors.check_parameters(" in c.source)
+    space = {"machine": machine, "errors": errors}
+    exec(params.source, space)
+    space.update(model_recipes=given, profile=resolve(profile, cuda=profile == "full"))
+    after = checks.split("profile = resolve(profile)", 1)[1].split("print(profile.describe())")[0]
+    exec(after, space)
+    assert space["model_recipes"] == trained
