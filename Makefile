@@ -7,6 +7,10 @@ OUT ?= build/run
 PROFILE ?= $(or $(COURSE_PROFILE),auto)
 # PARAMS="amp_dtype=fp16 steps=40": set notebook parameters (papermill) for run, notebooks, report
 PARAM_ARGS := $(foreach p,$(PARAMS),--param $(p))
+# make lab: the lab server's own environment (never the course's), and the kernelspec it is given,
+# which runs the course's Python (scripts/lab.sh)
+LAB_VENV ?= .venv-lab
+LAB_KERNEL ?= $(LAB_VENV)/course-kernel
 
 # nbstripout's options, for git's filter and `make strip` alike: the cell ids stay (the committed
 # notebooks have fixed ones) and so does the committed language_info, less what a kernel adds to it.
@@ -90,16 +94,7 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
 	@py=$$($(ENSURE)); $(GIT_FILTER); $(GIT_REFRESH); \
-	if ! $$py -c "import jupyterlab, ipywidgets" 2>/dev/null; then \
-	  pins=$$(grep -oE '^(jupyterlab|ipywidgets)==[^ #]+' requirements.txt | tr '\n' ' ' || true); \
-	  [ -n "$$pins" ] || { echo "make lab: requirements.txt pins no jupyterlab or ipywidgets"; exit 2; }; \
-	  echo "make lab: installing $$pins(the pins of requirements.txt; the jupyterlab wheel alone is 17 MB, its dependencies come on top)"; \
-	  $$py -m pip install $$pins; \
-	fi; \
-	root_flag=; if [ "$$(id -u)" = 0 ]; then root_flag=--allow-root; fi; \
-	echo "make lab: starting JupyterLab on notebooks/; open the http://127.0.0.1:8888/lab?token=... URL it prints (Ctrl-C stops it)"; \
-	cd notebooks && exec $$py -m jupyterlab --no-browser --ServerApp.ip=127.0.0.1 \
-	  --ServerApp.answer_yes=True $$root_flag
+	exec bash scripts/lab.sh "$$py" requirements.txt "$(LAB_VENV)" "$(LAB_KERNEL)"
 
 apex:  ## build Apex with its CUDA/C++ extensions and the legacy apex.amp install
 	@py=$$($(ENSURE_RUN)); PYTHON=$$py ./build_apex.sh --legacy-amp

@@ -11,8 +11,9 @@
 # 4. Otherwise .venv is created and filled from requirements.txt (torch 2.13.0 and the pins),
 #    with pip's progress shown and a line first saying what it downloads.
 # Every Python must be 3.11 or newer: an older one stops the script with one sentence, before
-# any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets) are left to
-# `make lab`. Progress goes to stderr, so callers can use:
+# any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets) are left to `make lab`
+# (scripts/lab.sh), which keeps the lab server in its own environment. Progress goes to stderr,
+# so callers can use:
 #   py=$(bash scripts/ensure_env.sh [--for=run])
 set -euo pipefail
 
@@ -35,7 +36,7 @@ case "${1:-}" in
 esac
 
 # Pins of requirements.txt that this script never installs: `make lab` installs jupyterlab and
-# ipywidgets itself when they are missing.
+# ipywidgets into the lab's own environment, and ipywidgets alone into the course's Python.
 lab_pins="jupyterlab|ipywidgets"
 cpu_index="https://download.pytorch.org/whl/cpu"
 reqs=""

@@ -261,11 +261,38 @@ def test_filling_a_python_leaves_out_torch_and_the_lab_pins(co):
 
 # --- item: make lab -------------------------------------------------------------------------
 
+# A stand-in Python for make lab: the course's (labpython) and the lab environment's it makes
+# (`-m venv DIR` copies it to DIR/bin/python). The find_spec probe answers "present" for
+# jupyter_server only with FAKE_OLD_LAB=1, for the other modules with FAKE_LAB_MISSING=0;
+# `-m venv` fails with FAKE_NO_VENV=1. It logs pip, venv, the kernelspec it writes (argv[0]: this
+# Python) and the jupyterlab start (with its JUPYTER_PATH), each call under the name of the
+# Python that makes it: "course" or "lab".
 LAB_PYTHON = r"""#!/usr/bin/env bash
-if [ "$1" = -c ]; then exit "${FAKE_LAB_MISSING:-1}"; fi
-if [ "$1" = -m ] && [ "$2" = pip ]; then echo "pip ${*:3}" >> "$FAKE_LOG"; exit 0; fi
+case "$0" in */.venv-lab/bin/python) who=lab ;; *) who=course ;; esac
+if [ "$1" = -c ]; then
+  case " ${*:3} " in *" jupyter_server "*) [ "${FAKE_OLD_LAB:-}" = 1 ]; exit ;; esac
+  exit "${FAKE_LAB_MISSING:-1}"
+fi
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+  [ "${FAKE_NO_VENV:-}" != 1 ] || { echo "Error: ensurepip is not available" >&2; exit 1; }
+  echo "venv $who ${*:3}" >> "$FAKE_LOG"; dir=${*: -1}
+  mkdir -p "$dir/bin"; cp "$0" "$dir/bin/python"; touch "$dir/pyvenv.cfg"; exit 0
+fi
+if [ "$1" = -m ] && [ "$2" = pip ]; then
+  [ "$3" = --version ] && exit 0
+  echo "pip $who ${*:3}" >> "$FAKE_LOG"; exit 0
+fi
+if [ "$1" = -m ] && [ "$2" = ipykernel ] && [ "$3" = install ]; then
+  shift 3; while [ $# -gt 0 ]; do
+    case "$1" in --prefix) prefix=$2 ;; --name) name=$2 ;; --display-name) display=$2 ;; esac
+    shift 2; done
+  mkdir -p "$prefix/share/jupyter/kernels/$name"
+  printf '{"argv": ["%s", "-m", "ipykernel_launcher"], "display_name": "%s"}\n' "$0" "$display" \
+    > "$prefix/share/jupyter/kernels/$name/kernel.json"
+  echo "kernelspec $who $name" >> "$FAKE_LOG"; exit 0
+fi
 if [ "$1" = -m ] && [ "$2" = jupyterlab ]; then
-  echo "jupyterlab ${*:3} cwd=$(basename "$PWD")" >> "$FAKE_LOG"
+  echo "jupyterlab $who ${*:3} cwd=$(basename "$PWD") JUPYTER_PATH=$JUPYTER_PATH" >> "$FAKE_LOG"
   echo "[I ServerApp] http://127.0.0.1:8888/lab?token=abc" >&2; exit 0
 fi
 exit 0
@@ -276,29 +303,67 @@ exit 0
 def lab(co) -> Checkout:
     py = _script(co.bin / "labpython", LAB_PYTHON)
     _script(co.repo / "scripts" / "ensure_env.sh", f"#!/usr/bin/env bash\necho {py}\n")
+    shutil.copy(ROOT / "scripts" / "lab.sh", co.repo / "scripts")
     (co.repo / "notebooks").mkdir()
     _script(co.bin / "id", '#!/usr/bin/env bash\n[ "$1" = -u ] && echo "$FAKE_UID"\n')
     return co
+
+
+def _pins(*names: str) -> list[str]:
+    return [line for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line.startswith(tuple(f"{n}==" for n in names))]
 
 
 @pytest.mark.parametrize("uid", ["0", "1000"])
 def test_make_lab_allows_root_only_as_root_and_installs_loudly(lab, uid):
     proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID=uid)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
-            if line.startswith(("jupyterlab==", "ipywidgets=="))]
-    assert lab.pip_calls() == ["pip install " + " ".join(pins)], "no -q: pip shows progress"
-    assert f"installing {' '.join(pins)}" in proc.stdout
+    lab_venv = lab.repo / ".venv-lab"
+    assert f"venv course {lab_venv}" in lab.calls(), "made by the course's Python"
+    # the course's Python gets ipywidgets only; the server's pins go into the lab's environment,
+    # without -q there: pip shows the progress of the large download
+    pins = _pins("jupyterlab", "ipywidgets")
+    assert lab.pip_calls() == [f"pip course install -q {' '.join(_pins('ipywidgets'))}",
+                               f"pip lab install {' '.join(pins)}"]
+    assert f"installing {' '.join(pins)} into {lab_venv}" in proc.stdout
     [server] = [c for c in lab.calls() if c.startswith("jupyterlab ")]
     args = server.split()
+    assert args[1] == "lab", "the server runs from the lab's environment"
     assert "--ServerApp.ip=127.0.0.1" in args and "--no-browser" in args
     assert ("--allow-root" in args) == (uid == "0")
-    assert args[-1] == "cwd=notebooks"
+    assert args[-2] == "cwd=notebooks"
+    prefix = lab_venv / "course-kernel"
+    assert args[-1] == f"JUPYTER_PATH={prefix}/share/jupyter", "the course's kernelspec comes first"
+    spec = (prefix / "share" / "jupyter" / "kernels" / "python3" / "kernel.json").read_text()
+    assert f'"argv": ["{lab.bin / "labpython"}"' in spec, "the kernel is the course's Python"
     assert "http://127.0.0.1:8888/lab?token=abc" in proc.stderr, "the URL line is not swallowed"
+    assert "JupyterLab's server" not in proc.stdout
 
 
 def test_make_lab_installs_nothing_when_jupyterlab_is_there(lab):
+    _script(lab.repo / ".venv-lab" / "bin" / "python", LAB_PYTHON)
     proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID="1000",
                    FAKE_LAB_MISSING="0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert lab.pip_calls() == [] and "installing" not in proc.stdout
+    assert not [c for c in lab.calls() if c.startswith("venv ")]
+    assert "kernelspec course python3" in lab.calls(), "the kernelspec is written on every start"
+
+
+def test_make_lab_names_the_cost_of_jupyterlab_in_the_course_python(lab):
+    _script(lab.repo / ".venv-lab" / "bin" / "python", LAB_PYTHON)
+    proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID="1000",
+                   FAKE_LAB_MISSING="0", FAKE_OLD_LAB="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    said = [line for line in proc.stdout.splitlines() if "JupyterLab's server" in line]
+    assert len(said) == 1 and "make test" in said[0] and "rm -rf .venv" in said[0], proc.stdout
+    assert lab.pip_calls() == [], "nothing is uninstalled"
+
+
+def test_make_lab_without_the_venv_module_stops_in_one_sentence(lab):
+    proc = lab.run("lab", cmd=("make", "--no-print-directory"), FAKE_UID="1000", FAKE_NO_VENV="1")
+    assert proc.returncode != 0
+    said = [line for line in proc.stderr.splitlines() if line.startswith("make lab:")]
+    assert len(said) == 1 and "apt-get install python3-venv" in said[0], proc.stderr
+    assert [c for c in lab.pip_calls() if c.startswith("pip lab")] == []
+    assert not [c for c in lab.calls() if c.startswith("jupyterlab ")]

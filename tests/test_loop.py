@@ -5,13 +5,14 @@ In a temporary clone of the course, git's nbstripout filter is set up the way th
 the smoke profile (outputs and execution counts saved in the working copy, as a save in
 `make lab` leaves them), and then: the hygiene check passes, git sees no change, `git add` and
 `git commit` take the notebook without outputs, and each failure names the command that fixes it.
-The last tests check that one Ctrl-C stops `make lab`.
+The last tests check `make lab`: one Ctrl-C stops it, its kernel is the course's Python, and the
+lab server stays in its own environment.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import inspect
+import json
 import os
 import re
 import shutil
@@ -173,35 +174,113 @@ def _first_problem(path: Path) -> str:
     raise AssertionError(f"{path.name} has no outputs")
 
 
+# make lab's LAB_VENV, the lab server's own environment, which the pty test below runs from
+LAB_VENV = Path(os.environ.get("COURSE_LAB_VENV") or ROOT / ".venv-lab")
+LAB_SCRIPT = ROOT / "scripts" / "lab.sh"
+
+
+def _lab_venv_holds(*packages: str) -> bool:
+    """LAB_VENV has a Python and PACKAGES (looked up on disk: nothing is imported or installed)."""
+    sites = list(LAB_VENV.glob("lib/python3*/site-packages"))
+    return (LAB_VENV / "bin" / "python").exists() and any(
+        all((site / p).is_dir() for p in packages) for site in sites)
+
+
 def _lab_server_options() -> dict[str, str]:
-    """The --ServerApp.NAME=VALUE options of the Makefile's lab recipe."""
+    """The --ServerApp.NAME=VALUE options that scripts/lab.sh (make lab's recipe) starts with."""
     recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
-    return dict(re.findall(r"--ServerApp\.(\w+)=(\S+)", recipe))
+    assert "scripts/lab.sh" in recipe
+    start = LAB_SCRIPT.read_text().split('exec "$lab_py" -m jupyterlab', 1)[1]
+    return dict(re.findall(r"--ServerApp\.(\w+)=(\S+)", start))
+
+
+# Run by a Python that has jupyter_server: the options are ServerApp's, and answer_yes skips the
+# question (ServerApp._confirm_exit reads it).
+SERVER_TRAITS = """
+import inspect, sys
+from jupyter_server.serverapp import ServerApp
+unknown = set(sys.argv[1:]) - set(ServerApp.class_traits(config=True))
+assert not unknown, f"unknown ServerApp options: {unknown}"
+assert "self.answer_yes" in inspect.getsource(ServerApp._confirm_exit)
+"""
 
 
 def test_make_lab_stops_on_one_ctrl_c_without_a_question():
     """jupyter_server asks "Shut down this Jupyter server (y/[n])?" on Ctrl-C at a terminal unless
     answer_yes is set (ServerApp._confirm_exit); answer_yes is JupyterApp's trait, ServerApp's
-    base, which jupyter_core (installed with nbformat) defines."""
+    base, which jupyter_core (installed with nbformat) defines. The server's own check runs in
+    the lab's environment, where it is installed (the course's has no jupyter_server)."""
     from jupyter_core.application import JupyterApp
 
     options = _lab_server_options()
     assert options.get("answer_yes") == "True", "make lab passes --ServerApp.answer_yes=True"
     assert "answer_yes" in JupyterApp.class_traits(config=True)
-    try:
-        from jupyter_server.serverapp import ServerApp
-    except ImportError:
-        return  # the lab pins are not installed (make test leaves them out)
-    traits = ServerApp.class_traits(config=True)
-    assert set(options) <= set(traits), f"unknown ServerApp options: {set(options) - set(traits)}"
-    assert "self.answer_yes" in inspect.getsource(ServerApp._confirm_exit)
+    if importlib.util.find_spec("jupyter_server") is not None:
+        server_python = sys.executable
+    elif _lab_venv_holds("jupyter_server"):
+        server_python = str(LAB_VENV / "bin" / "python")
+    else:
+        return  # no lab environment here (make test never makes one)
+    proc = subprocess.run([server_python, "-c", SERVER_TRAITS, *options], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("jupyterlab", "ipywidgets")),
-                    reason="the lab pins are not installed (make lab installs them, make test not)")
+def _notebook_kernelspecs() -> set[tuple[str, str]]:
+    notebooks = (nbformat.read(p, as_version=4) for p in sorted(ROOT.glob("notebooks/*.ipynb")))
+    return {(nb.metadata.kernelspec.name, nb.metadata.kernelspec.display_name) for nb in notebooks}
+
+
+def _kernelspecs(prefix: Path) -> dict[str, dict]:
+    return {d.name: json.loads((d / "kernel.json").read_text())
+            for d in (prefix / "share" / "jupyter" / "kernels").iterdir()}
+
+
+def test_make_lab_gives_the_notebooks_the_course_python_as_their_kernel(tmp_path):
+    """The kernelspec make lab writes (scripts/lab.sh --kernelspec-only, the step alone) carries
+    the notebooks' kernelspec name and display name, so the lab opens them with it and a save
+    leaves their metadata as committed, and it runs the course's Python, not the lab's."""
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    proc = subprocess.run(["bash", str(LAB_SCRIPT), "--kernelspec-only", sys.executable,
+                           str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    specs = _kernelspecs(tmp_path)
+    assert {(name, spec["display_name"]) for name, spec in specs.items()} == _notebook_kernelspecs()
+    assert [spec["argv"][0] for spec in specs.values()] == [sys.executable]
+
+
+def test_the_lab_server_never_goes_into_the_course_python():
+    """JupyterLab's dependencies give jsonschema its format checkers, which make every
+    `import nbformat` in the course's Python take seconds: neither scripts/ensure_env.sh nor make
+    lab installs the server there. scripts/ensure_env.sh installs requirements.txt only through
+    pins_without, always less the lab pins; scripts/lab.sh installs into the course's Python
+    ($py) only the ipywidgets pin, and the jupyterlab pin only into the lab's environment."""
+    ensure = (ROOT / "scripts" / "ensure_env.sh").read_text()
+    assert "jupyterlab" in re.search(r'^lab_pins="([^"]+)"', ensure, re.M).group(1).split("|")
+    withouts = re.findall(r"^\s*pins_without (\S+)", ensure, re.M)
+    assert withouts and all("$lab_pins" in w for w in withouts), withouts
+    installs = [line for line in ensure.splitlines() if re.search(r"pip install .*-r ", line)]
+    assert installs and all('-r "$reqs"' in line for line in installs), installs
+
+    recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
+    assert "pip" not in recipe and "jupyterlab" not in recipe
+    script = LAB_SCRIPT.read_text()
+    installs = dict(re.findall(r'^\s*"\$(\w+)" -m pip install (?:-q )?("?\$\w+"?)', script, re.M))
+    assert installs == {"py": '"$widgets"', "lab_py": "$pins"}, installs
+    assert re.search(r"^\s*widgets=\$\(pin ipywidgets\)$", script, re.M)
+    assert re.search(r"^lab_py=\$lab_venv/bin/python$", script, re.M)
+    assert re.search(r'^\s*exec "\$lab_py" -m jupyterlab ', script, re.M)
+
+
+@pytest.mark.skipif(not _lab_venv_holds("jupyterlab", "ipywidgets"),
+                    reason=f"no lab environment with jupyterlab and ipywidgets at {LAB_VENV} "
+                           "(make lab makes one; COURSE_LAB_VENV names another)")
+@pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None,
+                    reason="make lab would install ipywidgets into this Python first")
 def test_one_ctrl_c_at_a_terminal_stops_make_lab(tmp_path):
     """`make lab` on a terminal (a pty: the prompt appears only when stdin is a tty); one Ctrl-C
-    stops it within seconds."""
+    stops it within seconds. Its kernelspec runs this Python, the course's."""
     import pty
     import select
 
@@ -213,7 +292,8 @@ def test_one_ctrl_c_at_a_terminal_stops_make_lab(tmp_path):
             os.chdir(ROOT)
             os.environ.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
-            os.execvp("make", ["make", "-s", "lab", f"ENSURE=echo {sys.executable}"])
+            os.execvp("make", ["make", "-s", "lab", f"ENSURE=echo {sys.executable}",
+                               f"LAB_VENV={LAB_VENV}", f"LAB_KERNEL={tmp_path / 'kernel'}"])
         finally:
             os._exit(127)
     output = b""
@@ -251,6 +331,9 @@ def test_one_ctrl_c_at_a_terminal_stops_make_lab(tmp_path):
         text = output.decode(errors="replace")
         assert "Shut down this Jupyter server" not in text
         assert seconds < 10, f"make lab still ran {seconds:.0f} s after one Ctrl-C:\n{text[-2000:]}"
+        assert "installing" not in text, text[-2000:]
+        specs = _kernelspecs(tmp_path / "kernel")
+        assert [spec["argv"][0] for spec in specs.values()] == [sys.executable], specs
     finally:
         try:  # the child leads its own session and process group: make, and the lab under it
             os.killpg(pid, 9)
