@@ -5,12 +5,13 @@
   ``make run`` does on a CPU machine), shared by every test that reads an executed notebook or
   its tables. Notebook 06 runs with ``emulate_fp8=True`` (``SMOKE_PARAMS``), so its sections 3-4
   (float8 training through torchao's emulation) execute on the CPU too.
-* With pytest-xdist installed, ``pytest`` without ``-n`` runs on every core (at most
-  ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive fixture (``smoke_run``,
-  or a module-scoped fixture of their file) are put in one xdist group, so that fixture runs once,
-  on one worker; the longest work is handed out first (by each test's seconds in the last run,
-  kept in pytest's cache; without them the smoke group, then tests marked ``slow`` or
-  ``notebook``), and each worker's torch gets its share of the cores (OMP_NUM_THREADS).
+* With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker more than the machine
+  has cores (at most ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive
+  fixture (``smoke_run``, or a module-scoped fixture of their file) are put in one xdist group,
+  so that fixture runs once, on one worker; the longest work is handed out first (by each test's
+  seconds in the last run, kept in pytest's cache; without them the smoke group, then tests
+  marked ``slow`` or ``notebook``), and each worker's torch gets its share of the cores
+  (OMP_NUM_THREADS, at least one thread).
   ``-n 0`` (or ``-p no:xdist``) runs everything in one process, in file order.
 """
 
@@ -90,13 +91,15 @@ UNITS_DIR = "course_units_dir"  # workerinput key: where the workers write their
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """-n <cores, at most MAX_WORKERS> --dist loadgroup, when pytest-xdist is here and neither
+    """-n <cores + 1, at most MAX_WORKERS> --dist loadgroup, when pytest-xdist is here and neither
     -n nor --pdb was given."""
     option = config.option
     if (not config.pluginmanager.hasplugin("xdist") or option.numprocesses is not None
             or config.getoption("usepdb", False) or os.environ.get("PYTEST_XDIST_WORKER")):
         return
-    option.numprocesses = max(1, min(MAX_WORKERS, _cores()))
+    # one worker more than cores: part of the suite waits on other processes (kernels and
+    # torchrun's ranks starting, time limits running out), and the extra worker fills that time
+    option.numprocesses = max(1, min(MAX_WORKERS, _cores() + 1))
     if option.dist == "no":
         option.dist = "loadgroup"
     option.loadscopereorder = False  # the workers' order: the longest work first

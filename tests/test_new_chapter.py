@@ -80,8 +80,9 @@ def _notebook(setup: str) -> nbformat.NotebookNode:
 
 
 def _run(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 300):
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # the outer run's
     proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **GIT, **(env or {})})
+                          env={**inherited, **GIT, **(env or {})})
     assert proc.returncode == 0, f"{args[:6]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     return proc
 
