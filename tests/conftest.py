@@ -5,8 +5,8 @@
   ``make run`` does on a CPU machine), shared by every test that reads an executed notebook or
   its tables. Notebook 06 runs with ``emulate_fp8=True`` (``SMOKE_PARAMS``), so its sections 3-4
   (float8 training through torchao's emulation) execute on the CPU too.
-* With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker more than the machine
-  has cores (at most ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive
+* With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker per core (at most
+  ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive
   fixture (``smoke_run``, or a module-scoped fixture of their file) are put in one xdist group,
   so that fixture runs once, on one worker; the longest work is handed out first (by each test's
   seconds in the last run, kept in pytest's cache; without them the smoke group, then tests
@@ -91,15 +91,13 @@ UNITS_DIR = "course_units_dir"  # workerinput key: where the workers write their
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """-n <cores + 1, at most MAX_WORKERS> --dist loadgroup, when pytest-xdist is here and neither
+    """-n <cores, at most MAX_WORKERS> --dist loadgroup, when pytest-xdist is here and neither
     -n nor --pdb was given."""
     option = config.option
     if (not config.pluginmanager.hasplugin("xdist") or option.numprocesses is not None
             or config.getoption("usepdb", False) or os.environ.get("PYTEST_XDIST_WORKER")):
         return
-    # one worker more than cores: part of the suite waits on other processes (kernels and
-    # torchrun's ranks starting, time limits running out), and the extra worker fills that time
-    option.numprocesses = max(1, min(MAX_WORKERS, _cores() + 1))
+    option.numprocesses = max(1, min(MAX_WORKERS, _cores()))
     if option.dist == "no":
         option.dist = "loadgroup"
     option.loadscopereorder = False  # the workers' order: the longest work first
