@@ -207,7 +207,10 @@ def test_ctrl_c_ends_with_130_a_table_and_the_partial_copy(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "coursetools.runner", str(nb), "--out",
                              str(out), "--profile", "smoke"], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            # a suite started in the background inherits SIGINT ignored, and a
+                            # Python that starts so never turns Ctrl-C into KeyboardInterrupt
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120  # a kernel starts in seconds, on a loaded machine slower
     partial = out.with_name("run.partial")
     while time.monotonic() < deadline and not (started.exists() and partial.is_dir()):

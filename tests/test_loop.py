@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -290,6 +291,7 @@ def test_one_ctrl_c_at_a_terminal_stops_make_lab(tmp_path):
     if pid == 0:  # the child: make lab, with this Python as the course's and its own settings
         try:
             os.chdir(ROOT)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background suite ignores it
             os.environ.update(JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
             os.execvp("make", ["make", "-s", "lab", f"ENSURE=echo {sys.executable}",
