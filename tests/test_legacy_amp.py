@@ -326,15 +326,25 @@ def test_child_refuses_unknown_levels_and_bad_eps(tmp_path):
 
 
 # ------------------------------------------------------------------ the script cell
-def test_script_cell_reproduces_the_in_process_fp32_run(script, tmp_path, batches):
-    payload = legacy_amp.launch(script, CFG, tmp_path / "child.json", device="cpu",
-                                timeout=300)
+def test_script_cell_reproduces_the_fp32_run_and_fails_legacy_levels_in_one_line(script, tmp_path,
+                                                                                batches):
+    """One child (each costs a torch import): its fp32 run matches the in-process one, and the
+    legacy levels it was asked for fail in one line each, the legacy install being missing."""
+    payload = legacy_amp.launch(script, CFG, tmp_path / "cpu.json", levels=("O1", "O3"),
+                                overflow_levels=("O2",), legacy_dir=tmp_path / "missing",
+                                device="cpu", timeout=300)
     assert payload["error"] == "" and payload["returncode"] == 0, payload
-    (child,) = legacy_amp.runs_of(payload)
-    assert child.extra["api"] == "torch.amp" and child.extra["activation_dtype"] == "float32"
+    runs = legacy_amp.runs_of(payload)
+    assert [r.label for r in runs] == ["torch.amp fp32 (child)", "apex.amp O1", "apex.amp O3"]
+    child = runs[0]
+    assert child.ok and child.extra["api"] == "torch.amp"
+    assert child.extra["activation_dtype"] == "float32"
     torch.testing.assert_close(torch.tensor(child.losses),
                                torch.tensor(_fp32_run(batches).losses), rtol=1e-3, atol=1e-4)
-    assert payload["levels"] == {} and payload["overflow"] == []
+    assert all(not r.ok and "\n" not in r.error for r in runs[1:])
+    assert payload["import_error"] and runs[1].error == payload["import_error"]
+    assert payload["levels"] == {} and len(payload["overflow"]) == 1
+    assert payload["overflow"][0]["error"] == payload["import_error"]
 
 
 def test_launch_turns_a_crash_into_one_line(script, tmp_path):
@@ -343,18 +353,6 @@ def test_launch_turns_a_crash_into_one_line(script, tmp_path):
     assert payload["error"].startswith("the child process exited with 2; its last error: ")
     assert payload["error"].endswith("error: unknown opt level O9: use O0, O1, O2, O3")
     assert payload["stderr_tail"][-1] in payload["error"] and "\n" not in payload["error"]
-
-
-def test_legacy_levels_fail_in_one_line_without_the_install(script, tmp_path):
-    payload = legacy_amp.launch(script, CFG, tmp_path / "cpu.json", levels=("O1", "O3"),
-                                overflow_levels=("O2",), legacy_dir=tmp_path / "missing",
-                                device="cpu", timeout=300)
-    assert payload["error"] == "", payload
-    runs = legacy_amp.runs_of(payload)
-    assert [r.label for r in runs] == ["torch.amp fp32 (child)", "apex.amp O1", "apex.amp O3"]
-    assert runs[0].ok and all(not r.ok and "\n" not in r.error for r in runs[1:])
-    assert payload["import_error"] and runs[1].error == payload["import_error"]
-    assert payload["overflow"][0]["error"] == payload["import_error"]
 
 
 def _legacy_source() -> Path | None:

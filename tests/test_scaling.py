@@ -236,12 +236,17 @@ def test_a_port_in_use_is_one_sentence(tmp_path):
 @pytest.mark.slow
 def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
     (tmp_path / "sleeps.py").write_text(SLEEPS)
-    # 20 s: both ranks must have started (and printed) before the limit, on a loaded machine too
-    launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
-                            timeout=20)
-    assert launch.error.startswith("the launch ran past 20 s and was stopped"), launch.error
-    assert launch.seconds < 40
-    groups = {int(line) for line in launch.stdout.split() if line.strip()}
+    # Both ranks must have started (and printed) before the limit: 6 s is enough on a quiet
+    # machine; a loaded one (torchrun's own start slowed) gets a second try with 30 s.
+    for limit in (6, 30):
+        launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"},
+                                tmp_path / "o.json", timeout=limit)
+        assert launch.error.startswith(f"the launch ran past {limit} s and was stopped"), (
+            launch.error)
+        assert launch.seconds < limit + 20
+        groups = {int(line) for line in launch.stdout.split() if line.strip()}
+        if len(groups) == 2:
+            break
     assert len(groups) == 2, launch.stdout  # each rank runs in a process group of its own
     for group in groups:  # and every one of them is gone
         with pytest.raises(ProcessLookupError):

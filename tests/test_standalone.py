@@ -5,6 +5,7 @@ local clone here) and the notebook completes in the smoke profile."""
 
 from __future__ import annotations
 
+import importlib.metadata as metadata
 import os
 import shutil
 import subprocess
@@ -35,12 +36,14 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     clone = tmp_path / "clone"
     _run(["git", "clone", "-q", str(ROOT), str(clone)])
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    # without pip: ensurepip's install takes 4 s on two CPUs; this environment's pip is linked in
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     # torch, the kernel and the pinned extra's packages, as pip would install them from its cache:
     # the setup cell's own pip command still resolves them and builds the course from the clone
     wanted = {name: PINS[name] for name in ("torch", "nbconvert", "ipykernel", *PINNED)}
-    if not _link_installed(wanted, python):  # what pip would install, in a few seconds
+    if not _link_installed({"pip": metadata.version("pip"), **wanted}, python):
+        _run([str(python), "-m", "ensurepip", "-q"])  # linking failed: pip installs them
         # --no-compile: no .pyc for torch's thousands of files (imports compile what they use)
         _run([str(python), "-m", "pip", "install", "-q", "--no-compile",
               *(f"{name}=={version}" for name, version in wanted.items())])
@@ -72,8 +75,6 @@ def _link_installed(wanted: dict[str, str], python: Path) -> bool:
     environment of ``python`` the quick way: hard links to this environment's files of the same
     distributions (their own RECORDs say which), where each is installed here at that version.
     False (nothing linked) where one is not, or the two folders cannot share files."""
-    import importlib.metadata as metadata
-
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
