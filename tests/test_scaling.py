@@ -238,6 +238,7 @@ def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
     (tmp_path / "sleeps.py").write_text(SLEEPS)
     # Both ranks must have started (and printed) before the limit: 6 s is enough on a quiet
     # machine; a loaded one (torchrun's own start slowed) gets a second try with 30 s.
+    started = set()  # the process groups of every try's ranks: all must be gone at the end
     for limit in (6, 30):
         launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"},
                                 tmp_path / "o.json", timeout=limit)
@@ -245,10 +246,11 @@ def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
             launch.error)
         assert launch.seconds < limit + 20
         groups = {int(line) for line in launch.stdout.split() if line.strip()}
+        started |= groups
         if len(groups) == 2:
             break
     assert len(groups) == 2, launch.stdout  # each rank runs in a process group of its own
-    for group in groups:  # and every one of them is gone
+    for group in started:  # and every one of them is gone
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)
 
