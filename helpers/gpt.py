@@ -32,13 +32,16 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from helpers import bench, ceilings, errors
+
+if TYPE_CHECKING:  # pandas is imported by the functions that make tables: a process that
+    import pandas as pd  # only trains (a torchrun rank) does not pay for its import
 
 # ------------------------------------------------------------------ the model
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -460,6 +463,7 @@ def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per
     ``speedup_vs_fp32`` is the step time of the path ``baseline`` (notebook 05 passes its FP32
     path; the column keeps that name in its saved table) over each path's; NaN where no
     ``baseline`` is given or it did not run."""
+    import pandas as pd
     rows = []
     for key, label in labels.items():
         run = runs.get(key)
@@ -492,6 +496,7 @@ def start_table(runs: dict[str, bench.Run], first: int = 8) -> pd.DataFrame:
     """The first ``first`` steps of every run that completed, one row per run: each step's loss
     and, when the run recorded them (``extra['grad_norms']``), its gradient norm before
     clipping, as 'loss (norm)'."""
+    import pandas as pd
     rows = {}
     for key, run in runs.items():
         if not run.ok:

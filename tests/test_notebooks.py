@@ -12,9 +12,11 @@ from coursetools import runner
 
 ROOT = Path(__file__).resolve().parent.parent
 # the smoke profile stays quick: each notebook, and all of them, on CI's 2 cores shared with a
-# second test worker (alone on the 2 cores, the slowest, 07, took 24 s and all seven 92 s)
-NOTEBOOK_BUDGET_S = 60.0
-SMOKE_BUDGET_S = 250.0
+# second test worker. This machine's speed swings by 2x: alone on the 2 cores, the slowest, 07,
+# took 24 s and all seven 92 s on a fast hour, 39 s and 154 s on a slow one (beside the second
+# worker: 07 about 47 s, all seven 220 s) - the limits catch a size left at its full value
+NOTEBOOK_BUDGET_S = 90.0
+SMOKE_BUDGET_S = 330.0
 
 
 # smoke_run (tests/conftest.py): every notebook executed once in the smoke profile, shared with
@@ -80,7 +82,7 @@ def test_05_reads_its_losses_against_a_noise_floor_it_measured(smoke_run):
     out, runs = smoke_run
     runs["05_end_to_end_transformer.ipynb"]  # skips, saying so, where the run left 05 out
     saved = json.loads((out / "results" / "05_losses.json").read_text())
-    assert len(saved["noise"]["same_seed"]) == 4  # path 3 and noise_runs = 3 repeats
+    assert len(saved["noise"]["same_seed"]) == 2  # path 3 and the smoke profile's 1 repeat
     assert saved["noise"]["floor"] == 0.0  # the CPU repeats a run exactly
     assert {"1", "3", "3 (repeat 1)", "3 (seed 1)"} <= set(saved["runs"])
     assert all(len(r["losses"]) == len(r["grad_norms"]) == 24 for r in saved["runs"].values())

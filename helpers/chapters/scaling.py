@@ -38,13 +38,16 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 import torch.distributed as dist
 
 from helpers import bench, ceilings, gpt, machine, verdicts
 from helpers import launch as launcher
+
+if TYPE_CHECKING:  # pandas is imported by the functions that make tables: a process that
+    import pandas as pd  # only trains (a torchrun rank) does not pay for its import
 
 # ------------------------------------------------------------------ the launch
 # Past the deadline: what a stopped launch says.
@@ -401,6 +404,7 @@ def strategies_table(strategies: dict[str, dict]) -> pd.DataFrame:
     """What each strategy (the notebook's ``STRATEGIES``: ``shard`` = (params, grads, Adam)
     sharded?, ``buckets``, ``comm`` = [(collective, bytes per parameter)], ``how``) splits over
     the GPUs, its collectives per step, what implements it."""
+    import pandas as pd
     def part(sharded: bool) -> str:
         return "1/N" if sharded else "whole"
 
@@ -415,6 +419,7 @@ def memory_table(models: dict[str, gpt.GPTConfig], memory_per_gpu, strategies,
                  gpus=(1, 2, 4, 8)) -> pd.DataFrame:
     """``memory_per_gpu(n_params, world, strategy)`` (bytes by part, with a 'total') tabulated
     in GiB for every model, strategy (names of ``strategies``) and GPU count."""
+    import pandas as pd
     rows = []
     for label, cfg in models.items():
         n = params_of(cfg)
@@ -435,6 +440,7 @@ def comm_table(models: dict[str, gpt.GPTConfig], compute_ms: dict[str, float],
     efficiency this predicts with and without overlap. ``compute_ms``: one GPU's step; weak
     scaling (``strong=False``) keeps it per GPU, strong scaling divides it by the GPU count
     (the same global batch split N ways)."""
+    import pandas as pd
     rows = []
     for label, cfg in models.items():
         n = params_of(cfg)
@@ -458,6 +464,7 @@ def efficiency_chart(table: pd.DataFrame, models: list[str],
     and each scaling in the table (weak: solid, strong: dashed) the band from no overlap to full
     overlap, its no-overlap edge drawn."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 3.6), squeeze=False)
     kinds = list(dict.fromkeys(table.get("scaling", pd.Series(["weak"] * len(table)))))
@@ -509,6 +516,7 @@ def compute_from_05(saved: dict | None, device_name: str | None, tokens_per_step
     from), from its table as ``results.save_table`` saved it - ``05_paths.json``'s rows and the
     environment they were measured in; None: notebook 05 did not run into this results folder -
     when it was measured on this device at ``tokens_per_step``; else None."""
+    import pandas as pd
     table = pd.DataFrame((saved or {}).get("rows", []))
     if not {"path", "status", "step_ms", "tokens_per_s"} <= set(table.columns):
         return None
@@ -526,6 +534,7 @@ def compute_from_05(saved: dict | None, device_name: str | None, tokens_per_step
 # ------------------------------------------------------------------ tables of runs
 def runs_table(runs: list[bench.Run]) -> pd.DataFrame:
     """One row per run: step time (median, IQR), tokens/s overall and per GPU, peak memory."""
+    import pandas as pd
     rows = []
     for r in runs:
         t, world = r.timing, r.extra["world_size"]
@@ -689,6 +698,7 @@ def modern_apex_has_parallel() -> bool | None:
 def apex_table(root: Path | None) -> pd.DataFrame:
     """The migration map, each Apex row checked in the legacy source at ``root`` (None:
     unchecked) and each PyTorch counterpart resolved in this torch."""
+    import pandas as pd
     rows = []
     for entry in APEX_MAP:
         ok, evidence = (check_apex_symbol(root, entry) if root is not None
@@ -737,6 +747,7 @@ def rounds_table(rounds: dict[str, list[float]], baseline: str = "plain") -> pd.
     settled (the script's stop rule), whether it is stable (settled, and its IQR over all rounds
     within the tie rule's 3 points), the change of its overhead from the first round to the last,
     and the drifts of its step time and the baseline's (last round over first, minus 1)."""
+    import pandas as pd
     base = rounds[baseline]
     done = settled(rounds, baseline)
     rows = []
