@@ -347,3 +347,24 @@ def test_the_05_roles_name_paths_it_labels():
     assert {roles.baseline, roles.apex, roles.native, roles.compiled} <= set(labels)
     assert labels[roles.baseline].startswith("FP32") and "Apex" in labels[roles.apex]
     assert "compile" in labels[roles.compiled] and "FP32" in roles.baseline_name
+
+
+def test_the_05_noise_runs_default_follows_the_profile_and_zero_stops_in_one_sentence():
+    """noise_runs = None: 1 repeat in the smoke profile (a CPU repeats exactly), 3 in the full
+    one; 0 stops at the parameter checks in one sentence, before the profile is resolved."""
+    from helpers import errors, run_profile
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    checks = _cell(nb, "errors.check_parameters(").split("print(profile.describe())", 1)[0]
+    for name, expected in (("smoke", 1), ("full", 3)):
+        space = {"errors": errors,
+                 "resolve": lambda _name, n=name: run_profile.Profile(n, "cpu")}
+        exec(params, space)
+        assert space["noise_runs"] is None
+        exec(checks, space)
+        assert space["noise_runs"] == expected, name
+    space = {"errors": errors, "resolve": None}
+    exec(params.replace("noise_runs = None", "noise_runs = 0"), space)
+    with pytest.raises(errors.CourseError, match="^noise_runs = 0: the noise floor needs path 3"):
+        exec(checks, space)
