@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -43,6 +44,15 @@ NOTEBOOKS = _selected_notebooks()  # what the smoke run executes, and test_noteb
 SMOKE_PARAMS = {"emulate_fp8": True}
 SMOKE_GROUP = "smoke-notebooks"
 MAX_WORKERS = 4  # more would not finish sooner: the smoke group runs on one worker
+
+
+def pytest_collection_finish(session):
+    """The objects alive once the tests are collected (torch, pandas, the test modules) are never
+    garbage: frozen, so that each full pass of the garbage collector during the run skips them
+    (the in-process tests of test_gpt, test_core_helpers, test_end_to_end, test_norms and
+    test_optimizers took 17.8 s instead of 21.0 to 23.4 s, in one process on two CPUs)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
