@@ -464,6 +464,7 @@ def paths_table(runs: dict[str, bench.Run], labels: dict[str, str], *, flops_per
     path; the column keeps that name in its saved table) over each path's; NaN where no
     ``baseline`` is given or it did not run."""
     import pandas as pd
+
     rows = []
     for key, label in labels.items():
         run = runs.get(key)
@@ -497,6 +498,7 @@ def start_table(runs: dict[str, bench.Run], first: int = 8) -> pd.DataFrame:
     and, when the run recorded them (``extra['grad_norms']``), its gradient norm before
     clipping, as 'loss (norm)'."""
     import pandas as pd
+
     rows = {}
     for key, run in runs.items():
         if not run.ok:

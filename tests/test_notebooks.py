@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the smoke profile stays quick: each notebook, and all of them, on CI's 2 cores shared with a
 # second test worker. This machine's speed swings by 2x: alone on the 2 cores, the slowest, 07,
 # took 24 s and all seven 92 s on a fast hour, 39 s and 154 s on a slow one (beside the second
-# worker: 07 about 47 s, all seven 220 s) - the limits catch a size left at its full value
+# worker: 07's cells 42 s, the seven 220 s) - the limits catch a size left at its full value
 NOTEBOOK_BUDGET_S = 90.0
 SMOKE_BUDGET_S = 330.0
 

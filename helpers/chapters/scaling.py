@@ -405,6 +405,7 @@ def strategies_table(strategies: dict[str, dict]) -> pd.DataFrame:
     sharded?, ``buckets``, ``comm`` = [(collective, bytes per parameter)], ``how``) splits over
     the GPUs, its collectives per step, what implements it."""
     import pandas as pd
+
     def part(sharded: bool) -> str:
         return "1/N" if sharded else "whole"
 
@@ -420,6 +421,7 @@ def memory_table(models: dict[str, gpt.GPTConfig], memory_per_gpu, strategies,
     """``memory_per_gpu(n_params, world, strategy)`` (bytes by part, with a 'total') tabulated
     in GiB for every model, strategy (names of ``strategies``) and GPU count."""
     import pandas as pd
+
     rows = []
     for label, cfg in models.items():
         n = params_of(cfg)
@@ -441,6 +443,7 @@ def comm_table(models: dict[str, gpt.GPTConfig], compute_ms: dict[str, float],
     scaling (``strong=False``) keeps it per GPU, strong scaling divides it by the GPU count
     (the same global batch split N ways)."""
     import pandas as pd
+
     rows = []
     for label, cfg in models.items():
         n = params_of(cfg)
@@ -517,6 +520,7 @@ def compute_from_05(saved: dict | None, device_name: str | None, tokens_per_step
     environment they were measured in; None: notebook 05 did not run into this results folder -
     when it was measured on this device at ``tokens_per_step``; else None."""
     import pandas as pd
+
     table = pd.DataFrame((saved or {}).get("rows", []))
     if not {"path", "status", "step_ms", "tokens_per_s"} <= set(table.columns):
         return None
@@ -535,6 +539,7 @@ def compute_from_05(saved: dict | None, device_name: str | None, tokens_per_step
 def runs_table(runs: list[bench.Run]) -> pd.DataFrame:
     """One row per run: step time (median, IQR), tokens/s overall and per GPU, peak memory."""
     import pandas as pd
+
     rows = []
     for r in runs:
         t, world = r.timing, r.extra["world_size"]
@@ -699,6 +704,7 @@ def apex_table(root: Path | None) -> pd.DataFrame:
     """The migration map, each Apex row checked in the legacy source at ``root`` (None:
     unchecked) and each PyTorch counterpart resolved in this torch."""
     import pandas as pd
+
     rows = []
     for entry in APEX_MAP:
         ok, evidence = (check_apex_symbol(root, entry) if root is not None
@@ -748,6 +754,7 @@ def rounds_table(rounds: dict[str, list[float]], baseline: str = "plain") -> pd.
     within the tie rule's 3 points), the change of its overhead from the first round to the last,
     and the drifts of its step time and the baseline's (last round over first, minus 1)."""
     import pandas as pd
+
     base = rounds[baseline]
     done = settled(rounds, baseline)
     rows = []
