@@ -217,6 +217,7 @@ def test_quiet_torchao_drops_only_its_noise():
 
 
 @pytest.mark.notebook
+@pytest.mark.smoke("06")
 def test_importing_torchao_through_the_helper_prints_nothing(smoke_run):
     """The smoke run's 06 imports torchao in a fresh kernel through fp8.torchao_problem: its cell
     prints the one line it means to, and nothing on stderr (no warning of torchao's own)."""
@@ -387,6 +388,7 @@ def _outputs(path: Path) -> tuple[list, list, str]:
 
 
 @pytest.mark.notebook
+@pytest.mark.smoke("06")
 def test_the_notebook_runs_sections_3_and_4_with_fp8_emulated(smoke_run):
     """The shared smoke run (smoke_run, tests/conftest.py) executes 06 with emulate_fp8=True."""
     out, runs = smoke_run

@@ -275,6 +275,7 @@ def test_a_product_barely_above_bf16s_error_does_not_pass():
 
 # ------------------------------------------------------------------ the notebook's new tables
 @pytest.mark.notebook
+@pytest.mark.smoke("06")
 def test_the_smoke_run_saves_the_wide_model_reconciliation_filter_and_memory_tables(smoke_run):
     out, runs = smoke_run
     name = "06_fp8_on_hopper.ipynb"

@@ -1,6 +1,7 @@
 """Notebook 07 on the CPU: the training script of its script cell, run by torchrun on 2 gloo
-ranks, matches one process and catches injected faults; the launcher's one-sentence failures;
-the memory and communication formulas against hand-computed values; the Apex map."""
+ranks, matches one process (07's own CPU check, read from the shared smoke run) and catches
+injected faults; the launcher's one-sentence failures (07's crash cell among them); the memory
+and communication formulas against hand-computed values; the Apex map."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import dataclasses
 import json
 import math
 import os
-import socket
+import re
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import nbformat
 import pandas as pd
@@ -22,6 +24,9 @@ import torch
 from helpers import bench, errors, gpt, machine
 from helpers import launch as launcher
 from helpers.chapters import scaling
+
+if TYPE_CHECKING:
+    from coursetools.runner import NotebookRun
 
 # torch.distributed.optim (ZeroRedundancyOptimizer, resolved by the Apex map) uses torch.jit
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
@@ -74,9 +79,10 @@ def check_plan(corpus: Path, **changes) -> dict:
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """One process (plain, the wrappers at world size 1, plain's repeat and another seed), 2
-    ranks as written, 2 ranks with the faults, 2 ranks in fp16 + GradScaler: launched at once.
-    Returns (single, split, faulty, seconds, fp16)."""
+    """One process (plain, the wrappers at world size 1, plain's repeat and another seed,
+    section 4's variants), 2 ranks with the faults, 2 ranks in fp16 + GradScaler: launched at
+    once. Returns (single, faulty, seconds, fp16). The script on 2 ranks as written is notebook
+    07's own CPU check, in the smoke run (:func:`check_launches`)."""
     tmp = tmp_path_factory.mktemp("scaling")
     script = notebook_script()
     assert SLICE in script and BACKWARD in script and LOAD in script, (
@@ -89,16 +95,38 @@ def launched(tmp_path_factory):
     torch.save(data.val, tmp / "val_corpus.pt")
     two = dict(variants=["ddp", "fsdp2"], accum=2, checkpoint_at=2)  # FSDP2 saves, reloads
     start = time.perf_counter()
-    single, split, faulty, fp16 = scaling.launch_all([
+    single, faulty, fp16 = scaling.launch_all([
         (tmp / "train.py", 1, check_plan(corpus, variants=ONE_PROCESS + EXTRA, seeds=NOISE,
                                           rounds=2), tmp / "single.json"),
-        (tmp / "train.py", 2, check_plan(corpus, allreduce_mib=1, **two), tmp / "split.json"),
         (tmp / "faulty.py", 2, check_plan(corpus, **two), tmp / "faulty.json"),
         (tmp / "train.py", 2, check_plan(corpus, amp="float16", save_params=False, **two),
          tmp / "fp16.json")], timeout=240)
-    for launch in (single, split, faulty, fp16):
+    for launch in (single, faulty, fp16):
         assert launch.ok, f"{launch.error}\n{launch.stderr[-3000:]}"
-    return single, split, faulty, time.perf_counter() - start, fp16
+    return single, faulty, time.perf_counter() - start, fp16
+
+
+# Notebook 07's CPU check, in the smoke run (smoke_run, tests/conftest.py): the script on one
+# process and on 2 gloo ranks (DDP and FSDP2, 2 micro-batches a step, an all-reduce timed,
+# FSDP2 saving a checkpoint halfway and a fresh model resuming from it), both from the same
+# plan; their results and final parameters saved in the run's results folder.
+CHECK_WORLD = {1: "07_check_world1.json", 2: "07_check_world2.json"}
+
+
+def smoke_07(smoke_run) -> tuple[Path, NotebookRun]:
+    """(out, notebook 07's run) of the smoke run, once 07 ran through."""
+    out, runs = smoke_run
+    run = runs[NOTEBOOK.name]  # skips, saying so, where the run left 07 out
+    assert run.ok, f"notebook 07 failed: {run.error} (executed copy: {run.output})"
+    return out, run
+
+
+def check_launches(out: Path) -> tuple[scaling.Launch, scaling.Launch]:
+    """(one process, 2 ranks): notebook 07's CPU check as it saved it under ``out/results``."""
+    paths = {n: out / "results" / name for n, name in CHECK_WORLD.items()}
+    single, split = (scaling.Launch(cmd=[], out=path, payload=json.loads(path.read_text()),
+                                    nproc=n) for n, path in paths.items())
+    return single, split
 
 
 def _rows(reference: scaling.Launch, launch: scaling.Launch) -> dict[str, dict]:
@@ -109,20 +137,29 @@ def _rows(reference: scaling.Launch, launch: scaling.Launch) -> dict[str, dict]:
             for r in launch.runs()}
 
 
-def test_two_gloo_ranks_match_one_process(launched):
-    single, split, _, seconds, _ = launched
+@pytest.mark.smoke("07")
+def test_two_gloo_ranks_match_one_process(smoke_run):
+    out, _ = smoke_07(smoke_run)
+    single, split = check_launches(out)
+    plan = split.payload["plan"]
+    for key in ("cfg", "global_batch", "steps", "seed", "lr", "amp"):  # the same batches
+        assert single.payload["plan"][key] == plan[key], key
     rows = _rows(single, split)
     assert set(rows) == {"ddp", "fsdp2"}
     for variant, row in rows.items():
-        assert row["world_size"] == 2 and row["accum"] == 2 and row["steps"] == 4
-        assert scaling.within(row), (variant, row)
+        assert row["world_size"] == 2 and row["accum"] == plan["accum"] > 1
+        assert row["steps"] == plan["steps"] and scaling.within(row), (variant, row)
     losses = single.runs()[0].losses
-    assert losses[-1] < losses[0]  # it trained: the comparison is not of four untouched models
-    assert seconds < 120, f"the four launches took {seconds:.0f} s"
+    assert losses[-1] < losses[0]  # it trained: the comparison is not of untouched models
+
+
+def test_the_launches_here_run_at_once_in_under_two_minutes(launched):
+    seconds = launched[2]
+    assert seconds < 120, f"the three launches took {seconds:.0f} s"
 
 
 def test_the_same_comparison_catches_a_wrong_slice_and_a_missing_average(launched):
-    single, _, faulty, _, _ = launched
+    single, faulty, _, _ = launched
     rows = _rows(single, faulty)
     wrong_slice, summed = rows["ddp"], rows["fsdp2"]
     assert not scaling.within(wrong_slice)
@@ -133,8 +170,11 @@ def test_the_same_comparison_catches_a_wrong_slice_and_a_missing_average(launche
     assert summed["max_loss_diff"] <= scaling.TOLERANCE["max_loss_diff"]
 
 
-def test_what_each_rank_holds_matches_the_memory_model(launched):
-    _, split, _, _, _ = launched
+@pytest.mark.smoke("07")
+def test_what_each_rank_holds_matches_the_memory_model(smoke_run):
+    out, _ = smoke_07(smoke_run)
+    _, split = check_launches(out)
+    assert split.payload["plan"]["cfg"] == dataclasses.asdict(gpt.TINY)
     n = gpt.count_params(gpt.GPT(gpt.TINY))
     for run in split.runs():
         strategy = {"ddp": "DDP", "fsdp2": "FSDP2 (ZeRO-3)"}[run.extra["variant"]]
@@ -144,14 +184,29 @@ def test_what_each_rank_holds_matches_the_memory_model(launched):
             model["param"], model["grad"], model["adam"]), (strategy, held, model)
 
 
+def _holds_what_the_notebook_reads(launch: scaling.Launch, steps: int) -> None:
+    """Every run of ``launch``: a loss, a step time and a gradient norm per step, its tokens per
+    step (8 sequences), a positive step time and throughput."""
+    runs = launch.runs()
+    assert runs, launch.payload
+    for run in runs:
+        assert len(run.losses) == len(run.step_ms) == len(run.extra["grad_norms"]) == steps
+        assert run.extra["tokens_per_step"] == 8 * gpt.TINY.seq_len
+        assert run.timing.median_ms > 0 and run.tokens_per_s > 0
+
+
 def test_the_results_hold_what_the_notebook_reads(launched):
-    single, split, _, _, _ = launched
+    single = launched[0]
+    assert single.stderr.strip() == "" or "Traceback" not in single.stderr
+    _holds_what_the_notebook_reads(single, 4)
+
+
+@pytest.mark.smoke("07")
+def test_the_notebooks_own_check_holds_what_it_reads(smoke_run):
+    out, _ = smoke_07(smoke_run)
+    single, split = check_launches(out)
     for launch in (single, split):
-        assert launch.stderr.strip() == "" or "Traceback" not in launch.stderr
-        for run in launch.runs():
-            assert len(run.losses) == len(run.step_ms) == len(run.extra["grad_norms"]) == 4
-            assert run.extra["tokens_per_step"] == 8 * gpt.TINY.seq_len
-            assert run.timing.median_ms > 0 and run.tokens_per_s > 0
+        _holds_what_the_notebook_reads(launch, launch.payload["plan"]["steps"])
     bw = split.payload["allreduce"]
     assert bw["world_size"] == 2 and bw["busbw_gbps"] == pytest.approx(bw["algbw_gbps"])
     table = scaling.runs_table(split.runs())
@@ -160,25 +215,45 @@ def test_the_results_hold_what_the_notebook_reads(launched):
 
 
 # ------------------------------------------------------------------ one-sentence failures
-DIES = """\
-import datetime, os, sys
-import torch.distributed as dist
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-if os.environ["RANK"] == os.environ.get("COURSE_TEST_DIE_RANK"):
-    sys.exit(int(os.environ["COURSE_TEST_DIE_CODE"]))
-dist.barrier()  # the other ranks wait here (up to 300 s) for the one that died
-"""
 SLEEPS = "import os, time\nprint(os.getpgrp(), flush=True)\ntime.sleep(120)\n"
+# Notebook 07's crash cell launches its crashing script twice at once: rank 1 exits with code 3
+# while rank 0 sleeps for a minute, and on a --master_port the notebook holds open. It prints
+# one line per launch: its seconds, torchrun's exit code, the launcher's sentence.
+CRASH_CELL = "with socket.socket() as taken"
+CRASH_SAID = re.compile(r"(a rank dies|port (\d+) taken): (\d+\.\d) s, launcher exit code "
+                        r"(-?\d+|None): (.+)")
 
 
-@pytest.mark.slow
-def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(tmp_path, monkeypatch):
-    (tmp_path / "dies.py").write_text(DIES)
-    monkeypatch.setenv("COURSE_TEST_DIE_RANK", "1")
-    monkeypatch.setenv("COURSE_TEST_DIE_CODE", "3")
-    launch = scaling.launch(tmp_path / "dies.py", 2, {"backend": "gloo"}, tmp_path / "o.json",
-                            timeout=90)
-    assert not launch.ok and launch.returncode not in (0, None)
+@dataclasses.dataclass
+class Said:
+    """One launch of 07's crash cell, as the cell printed it."""
+
+    port: int | None  # the port it was given (held open), None: --standalone
+    seconds: float
+    returncode: int | None
+    error: str
+
+
+def crash_cell_said(run: NotebookRun) -> tuple[Said, Said]:
+    """(the launch with a rank that dies, the launch on a port in use), read from the output of
+    07's crash cell in the executed notebook."""
+    nb = nbformat.read(run.output, as_version=4)
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(CRASH_CELL)]
+    text = "".join(o.text for o in cell.outputs if o.output_type == "stream"
+                   and o.name == "stdout")
+    found = [CRASH_SAID.fullmatch(line) for line in text.splitlines()]
+    assert len(found) == 2 and all(found), text
+    died, busy = (Said(int(m[2]) if m[2] else None, float(m[3]),
+                       None if m[4] == "None" else int(m[4]), m[5]) for m in found)
+    assert died.port is None and busy.port is not None, text
+    return died, busy
+
+
+@pytest.mark.smoke("07")
+def test_a_rank_that_dies_is_reported_with_its_exit_code_without_a_hang(smoke_run):
+    _, run = smoke_07(smoke_run)
+    launch, _ = crash_cell_said(run)
+    assert launch.error and launch.returncode not in (0, None)
     assert launch.error.startswith("rank 1 exited with code 3, the first failure"), launch.error
     assert f"exited with {launch.returncode}" in launch.error
     assert launch.seconds < 60, "the waiting rank was not stopped when its partner died"
@@ -220,26 +295,31 @@ def test_a_parameter_below_one_stops_the_notebook_in_one_sentence():
     exec(checks.split("profile = resolve(profile)", 1)[0], space)
 
 
-def test_a_port_in_use_is_one_sentence(tmp_path):
-    (tmp_path / "sleeps.py").write_text(SLEEPS)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen(1)
-        port = taken.getsockname()[1]
-        launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"},
-                                tmp_path / "o.json", timeout=60, port=port)
-    assert f"--master_port={port}" in launch.cmd and "--standalone" not in launch.cmd
+@pytest.mark.smoke("07")
+def test_a_port_in_use_is_one_sentence(smoke_run, monkeypatch):
+    out, run = smoke_07(smoke_run)
+    _, launch = crash_cell_said(run)
+    port = launch.port
     assert launch.error.startswith(f"port {port} is already in use"), launch.error
     assert launch.seconds < 30
+    # the cell's two launches, built as launch_all builds them and started nowhere
+    monkeypatch.setattr(launcher, "run_all", lambda jobs, timeout: [
+        launcher.Result(job.program, Path(job.out)) for job in jobs])
+    crash, plan = out / "results" / "07_crash.py", {"backend": "gloo"}
+    died, busy = scaling.launch_all([(crash, 2, plan, out / "07_crash.json"),
+                                     (crash, 2, plan, out / "07_busy.json", port)])
+    assert f"--master_port={port}" in busy.cmd and "--standalone" not in busy.cmd
+    assert "--standalone" in died.cmd and not any("--master_port" in a for a in died.cmd)
 
 
 @pytest.mark.slow
 def test_a_launch_past_its_limit_is_stopped_with_all_its_ranks(tmp_path):
     (tmp_path / "sleeps.py").write_text(SLEEPS)
     # Both ranks must have started (and printed) before the limit: 6 s is enough on a quiet
-    # machine; a loaded one (torchrun's own start slowed) gets a second try with 30 s.
+    # machine, not always beside a second test worker (torchrun's own start slowed; a failed
+    # first try then cost 6 + 30 s), so 12 s, and a second try with 30 s.
     started = set()  # the process groups of every try's ranks: all must be gone at the end
-    for limit in (6, 30):
+    for limit in (12, 30):
         launch = scaling.launch(tmp_path / "sleeps.py", 2, {"backend": "gloo"},
                                 tmp_path / "o.json", timeout=limit)
         assert launch.error.startswith(f"the launch ran past {limit} s and was stopped"), (
@@ -534,19 +614,20 @@ def test_without_a_legacy_source_the_reason_is_one_sentence(monkeypatch, tmp_pat
 def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(launched):
     """amp_dtype 'fp16' (a GPU below compute capability 8.0): the script's autocast fp16 +
     GradScaler step, run here with CPU autocast on 2 gloo ranks - it trains, finitely, and the
-    two wrappers agree; the fp32 run of the same plan differs (autocast was on)."""
-    _, split, _, _, fp16 = launched
+    two wrappers agree; the fp32 run of the same plan and batches (plain, one process) differs
+    (autocast was on)."""
+    single, _, _, fp16 = launched
     runs = {r.extra["variant"]: r for r in fp16.runs()}
     for run in runs.values():
         assert all(math.isfinite(v) for v in run.losses) and run.losses[-1] < run.losses[0]
     assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, runs["fsdp2"].losses,
                                           strict=True)) < 1e-3
-    fp32 = {r.extra["variant"]: r for r in split.runs()}
-    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, fp32["ddp"].losses,
-                                          strict=True)) > 1e-6
+    fp32 = single.runs()[0]
+    assert fp32.extra["variant"] == "plain"
+    assert max(abs(a - b) for a, b in zip(runs["ddp"].losses, fp32.losses, strict=True)) > 1e-6
     for variant, run in runs.items():  # the scaler was on, and unscaled the grads before clipping
-        assert run.extra["loss_scale"] > 1 and fp32[variant].extra["loss_scale"] is None
-        norms = zip(run.extra["grad_norms"], fp32[variant].extra["grad_norms"], strict=True)
+        assert run.extra["loss_scale"] > 1 and fp32.extra["loss_scale"] is None
+        norms = zip(run.extra["grad_norms"], fp32.extra["grad_norms"], strict=True)
         worst = max(abs(a - b) / b for a, b in norms)
         assert worst < 0.05, f"{variant}: fp16 gradient norms {worst:.1%} off the fp32 ones"
 
@@ -609,37 +690,61 @@ def test_the_one_gpu_cells_read_a_launch_against_its_noise_and_save_07_losses(la
 
 
 # ------------------------------------------------------------------ checkpoint, variants, rounds
-def test_a_sharded_checkpoint_resumes_with_the_same_losses_and_a_missing_load_is_caught(launched):
-    """The 2-rank FSDP2 run saved after step 2 (DCP); a fresh meta-built model loaded it and
-    trained steps 2-3: the same losses and weights as the model that kept training. The faulty
-    script never reads the checkpoint: its fresh model's losses are far off."""
-    _, split, faulty, _, _ = launched
+@pytest.mark.smoke("07")
+def test_a_sharded_checkpoint_resumes_with_the_same_losses(smoke_run):
+    """07's 2-rank FSDP2 run saved halfway (DCP); a fresh meta-built model loaded it and trained
+    the remaining steps: the same losses and weights as the model that kept training."""
+    out, _ = smoke_07(smoke_run)
+    _, split = check_launches(out)
+    at, steps = split.payload["plan"]["checkpoint_at"], split.payload["plan"]["steps"]
+    assert 0 < at < steps
     fsdp2 = next(r for r in split.runs() if r.extra["variant"] == "fsdp2")
     resumed = fsdp2.extra["resumed"]
-    assert resumed["from_step"] == 2 and len(resumed["losses"]) == 2
-    diff = max(abs(a - b) for a, b in zip(fsdp2.losses[2:], resumed["losses"], strict=True))
+    assert resumed["from_step"] == at and len(resumed["losses"]) == steps - at
+    diff = max(abs(a - b) for a, b in zip(fsdp2.losses[at:], resumed["losses"], strict=True))
     assert diff <= scaling.TOLERANCE["max_loss_diff"], diff
     assert resumed["checksums"] == pytest.approx(fsdp2.extra["checksums"], rel=1e-6)
     assert not list(split.out.parent.glob("*.checkpoint")), "the checkpoint was not cleaned up"
     assert "resumed" not in next(r for r in split.runs() if r.extra["variant"] == "ddp").extra
+
+
+def test_a_missing_checkpoint_load_is_caught(launched):
+    """The faulty script never reads the checkpoint: its fresh model's losses are far off."""
+    faulty = launched[1]
+    at = faulty.payload["plan"]["checkpoint_at"]
     bad = next(r for r in faulty.runs() if r.extra["variant"] == "fsdp2")
-    off = max(abs(a - b) for a, b in zip(bad.losses[2:], bad.extra["resumed"]["losses"],
+    assert bad.extra["resumed"]["from_step"] == at
+    off = max(abs(a - b) for a, b in zip(bad.losses[at:], bad.extra["resumed"]["losses"],
                                           strict=True))
     assert off > 100 * scaling.TOLERANCE["max_loss_diff"], off
 
 
-def test_the_notebook_reads_the_checkpoint_round_trip(launched, capsys):
+def _checkpoint_cell(split: scaling.Launch) -> dict:
+    """Section 2's checkpoint cell ("Saving and loading a sharded model") on ``split``, the
+    name the notebook gives its 2-rank launch."""
     from helpers import results
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    _, split, faulty, _, _ = launched
     space = {"split": split, "pd": pd, "results": results, "env": {},
              "TOLERANCE": scaling.TOLERANCE, "display": lambda *a, **k: None}
     exec(_cell(nb, "kept_on = next("), space)
+    return space
+
+
+@pytest.mark.smoke("07")
+def test_the_notebook_reads_the_checkpoint_round_trip(smoke_run, capsys):
+    out, _ = smoke_07(smoke_run)
+    _, split = check_launches(out)
+    space = _checkpoint_cell(split)
     assert space["ckpt"]["within_tolerance"].all()
-    assert "resumed from a DCP checkpoint after step 2 on 2 ranks" in capsys.readouterr().out
-    with pytest.raises(AssertionError):  # the same cell on the faulty launch stops
-        exec(_cell(nb, "kept_on = next("), dict(space, split=faulty))
+    at = split.payload["plan"]["checkpoint_at"]
+    said = capsys.readouterr().out
+    assert f"resumed from a DCP checkpoint after step {at} on 2 ranks" in said, said
+
+
+def test_the_checkpoint_cell_stops_on_a_missing_load(launched):
+    with pytest.raises(AssertionError):  # the checkpoint cell on the faulty launch stops
+        _checkpoint_cell(launched[1])
 
 
 def test_the_section_4_variants_train_as_plain_does(launched):
@@ -783,16 +888,19 @@ def test_the_scaling_plot_cell_reads_every_measured_point_in_one_sentence(capsys
                     "ddp strong on 2 GPUs (80.0%, predicted 90.0% to 100.0%).\n"), said
 
 
-def test_the_multi_gpu_cell_tabulates_a_launch_and_reads_ddp_against_fsdp2(launched, capsys):
-    """Section 6's launch cell with its launches answered by the CPU check's 2-rank launch (DDP
-    and FSDP2 on the same batches, an all-reduce timed): the table gets its efficiencies and
-    predictions, and one sentence reads DDP against FSDP2."""
+@pytest.mark.smoke("07")
+def test_the_multi_gpu_cell_tabulates_a_launch_and_reads_ddp_against_fsdp2(smoke_run, capsys):
+    """Section 6's launch cell with its launches answered by 07's CPU check's 2-rank launch
+    (DDP and FSDP2 on the same batches, an all-reduce timed) and its one-process launch as the
+    baseline: the table gets its efficiencies and predictions, and one sentence reads DDP
+    against FSDP2."""
     import types
 
     from helpers import results, verdicts
 
+    out, _ = smoke_07(smoke_run)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    single, split = launched[0], launched[1]
+    single, split = check_launches(out)
     fake = types.SimpleNamespace(**{k: getattr(scaling, k) for k in dir(scaling)
                                     if not k.startswith("__")})
     fake.launch = lambda *a, **k: split
