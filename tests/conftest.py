@@ -8,13 +8,14 @@
   ``READS_FROM``, first); without the mark, all of them run. Notebook 06 runs with
   ``emulate_fp8=True`` (``SMOKE_PARAMS``), so its sections 3-4 (float8 training through
   torchao's emulation) execute on the CPU too.
-* With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker per core (at most
-  ``MAX_WORKERS``) with ``--dist loadgroup``. Tests that share an expensive fixture (one
-  notebook's smoke run, or a module-scoped fixture of their file) are put in one xdist group,
-  so that the fixture runs once, on one worker, and the notebooks spread over the workers; the
-  longest work is handed out first (by each test's seconds in the last run, kept in pytest's
-  cache; without them the smoke groups, then tests marked ``slow`` or ``notebook``), and each
-  worker's torch gets its share of the cores (OMP_NUM_THREADS, at least one thread).
+* With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker more than the cores
+  (at most ``MAX_WORKERS``) with ``--dist loadgroup`` (``-n N`` alone: loadgroup too). Tests
+  that share an expensive fixture (one notebook's smoke run, or a module-scoped fixture of
+  their file) are put in one xdist group, so that the fixture runs once, on one worker, and
+  the notebooks spread over the workers; the longest work is handed out first (by each
+  test's seconds in the last run, kept in pytest's cache; without them the smoke groups, then
+  tests marked ``slow`` or ``notebook``), and each worker's torch gets its share of the cores
+  (OMP_NUM_THREADS, at least one thread).
   ``-n 0`` (or ``-p no:xdist``) runs everything in one process, in file order.
 * The smoke notebooks' seconds, wherever each ran, are added up at the end: over
   ``SMOKE_BUDGET_S`` the run fails, saying so (``pytest_sessionfinish``).
@@ -56,6 +57,9 @@ SMOKE_GROUP = "smoke"  # xdist groups: smoke:01, smoke:05+07, ... (smoke:all wit
 # 154 s on a slow one, and 220 s one after another beside a second test worker - the limit
 # catches a size left at its full value.
 SMOKE_BUDGET_S = 330.0
+# one worker more than the cores: a worker waiting on a child (a launch's ranks starting, a
+# kernel's reply, a launch left to run past its limit) leaves its core to the others - on two
+# cores, 3 workers: 214 s (pytest) against 233 s for 2, in one hour
 MAX_WORKERS = 4  # more would not finish sooner: the longest unit runs on one worker
 
 
@@ -183,12 +187,14 @@ UNITS_DIR = "course_units_dir"  # workerinput key: where the workers write their
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """-n <cores, at most MAX_WORKERS> --dist loadgroup, when pytest-xdist is here and neither
-    -n nor --pdb was given."""
+    -n nor --pdb was given; with -n N alone, --dist loadgroup too (xdist's default, load, would
+    hand one group's tests to several workers, each running the shared fixture again)."""
     option = config.option
-    if (not config.pluginmanager.hasplugin("xdist") or option.numprocesses is not None
-            or config.getoption("usepdb", False) or os.environ.get("PYTEST_XDIST_WORKER")):
+    if (not config.pluginmanager.hasplugin("xdist") or config.getoption("usepdb", False)
+            or os.environ.get("PYTEST_XDIST_WORKER")):
         return
-    option.numprocesses = max(1, min(MAX_WORKERS, _cores()))
+    if option.numprocesses is None:
+        option.numprocesses = max(1, min(MAX_WORKERS, _cores() + 1))
     if option.dist == "no":
         option.dist = "loadgroup"
     option.loadscopereorder = False  # the workers' order: the longest work first
