@@ -54,12 +54,12 @@ READS_FROM = {"07": ("05",)}
 SMOKE_GROUP = "smoke"  # xdist groups: smoke:01, smoke:05+07, ... (smoke:all without a mark)
 # All the smoke notebooks together, wherever each ran (the limit of each is in test_notebooks.py).
 # This machine's speed swings by 2x: alone on the 2 cores, all seven took 92 s on a fast hour and
-# 154 s on a slow one, and 220 s one after another beside a second test worker - the limit
-# catches a size left at its full value.
+# 154 s on a slow one, and 220 s one after another beside a second test worker (now each beside
+# the other workers) - the limit catches a size left at its full value.
 SMOKE_BUDGET_S = 330.0
 # one worker more than the cores: a worker waiting on a child (a launch's ranks starting, a
 # kernel's reply, a launch left to run past its limit) leaves its core to the others - on two
-# cores, 3 workers: 214 s (pytest) against 233 s for 2, in one hour
+# cores, 3 workers: 214 s (pytest) against 233 s for 2, one run each within the hour, not in turn
 MAX_WORKERS = 4  # more would not finish sooner: the longest unit runs on one worker
 
 
@@ -248,10 +248,10 @@ finally:
 def _quick_exits(config) -> None:
     """Every Python process the suite starts (workers, kernels, torchrun's launchers and ranks,
     children) imports a ``sitecustomize`` that freezes the objects alive at exit: the last
-    garbage collection of a process holding torch costs about 1 s of CPU on two cores, ~50
-    such processes per run. Only the exit changes: nothing a test reads. Processes given an
-    environment of their own (a fresh virtual environment, a PYTHONPATH set by the test) end as
-    usual."""
+    garbage collection of a kernel holding torch and pandas cost 1.1 to 1.7 s of CPU on two
+    cores, and one run counted 46 processes importing torch. Only the exit changes: nothing a
+    test reads. Processes given an environment of their own (a fresh virtual environment, a
+    PYTHONPATH set by the test) end as usual."""
     where = Path(tempfile.mkdtemp(prefix="course-test-site-"))
     (where / "sitecustomize.py").write_text(QUICK_EXIT)
     config._course_site = where

@@ -11,7 +11,7 @@ from conftest import NOTEBOOKS  # the course's notebooks, found in notebooks/ (t
 from coursetools import runner
 
 ROOT = Path(__file__).resolve().parent.parent
-# the smoke profile stays quick: each notebook on CI's 2 cores shared with a second test worker
+# the smoke profile stays quick: each notebook on CI's 2 cores shared with the other test workers
 # (all of them together: SMOKE_BUDGET_S in tests/conftest.py). This machine's speed swings by 2x:
 # alone on the 2 cores, the slowest, 07, took 24 s on a fast hour and 39 s on a slow one (beside
 # the second worker: 07's cells 42 s) - the limit catches a size left at its full value
