@@ -174,6 +174,34 @@ def benchmark(
                   flushed_l2=do_flush, meta=dict(meta or {}))
 
 
+def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, warmup: int = 3,
+                repeats: int = 10, flush: bool | None = None,
+                device: str | torch.device | None = None,
+                setup: Callable[[], object] | None = None) -> dict[str, list[Timing]]:
+    """Time several candidates in ``rounds`` interleaved rounds: each round times every
+    candidate once with :func:`benchmark` (``warmup`` + ``repeats`` calls), in an order rotated
+    by one place each round, so a drift of the machine (clocks, a neighbour, the allocator)
+    falls on all of them alike. Returns name -> one :class:`Timing` per round; the spread of
+    the rounds' medians (:func:`helpers.verdicts.rounds_table`) is what host-bound timings
+    move by between runs, which the repeats of one round understate."""
+    if rounds < 1:
+        raise ValueError("interleaved timing needs rounds >= 1")
+    names = list(fns)
+    out: dict[str, list[Timing]] = {name: [] for name in names}
+    for k in range(rounds):
+        shift = k % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            out[name].append(benchmark(fns[name], label=name, warmup=warmup, repeats=repeats,
+                                       flush=flush, device=device, setup=setup,
+                                       meta={"round": k}))
+    return out
+
+
+def round_medians(timings: dict[str, list[Timing]]) -> dict[str, list[float]]:
+    """name -> the median (ms) of each round of :func:`interleaved`."""
+    return {name: [t.median_ms for t in ts] for name, ts in timings.items()}
+
+
 def sync(device: torch.device | str | None = None) -> None:
     """Wait for the GPU (no-op on the CPU)."""
     dev = torch.device(device) if device is not None else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -235,6 +236,9 @@ class NoiseFloor:
     same_seed: tuple[float, ...]
     other_seed: float | None = None
     what: str = "the baseline"
+    # more runs with other seeds, beyond ``other_seed``: their spread with
+    # the baseline is the yardstick of "do two numerics learn the same?" (:func:`yardstick`)
+    other_seeds: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.same_seed) < 2:
@@ -253,11 +257,20 @@ class NoiseFloor:
         return max(abs(a - b) for a, b in pairs) / abs(self.baseline)
 
     @property
+    def seeds(self) -> tuple[float, ...]:
+        """The baseline's loss and every other seed's (``other_seed`` and ``other_seeds``)."""
+        first = () if self.other_seed is None else (self.other_seed,)
+        return (self.baseline, *first, *self.other_seeds)
+
+    @property
     def seed_spread(self) -> float:
-        """The other seed's difference from the baseline, relative (NaN without one)."""
-        if self.other_seed is None:
+        """The largest difference between the baseline and its other-seed runs (or two of
+        them), relative to the baseline (NaN without another seed)."""
+        seeds = self.seeds
+        if len(seeds) < 2:
             return math.nan
-        return abs(self.other_seed - self.baseline) / abs(self.baseline)
+        pairs = itertools.combinations(seeds, 2)
+        return max(abs(a - b) for a, b in pairs) / abs(self.baseline)
 
     def describe(self) -> str:
         """One line: what was repeated, the floor, and the other seed's spread."""
@@ -317,3 +330,163 @@ def loss_sentence(name: str, diff: float, noise: NoiseFloor, *, against: str,
 def spread_of(values: Sequence[float]) -> float:
     """Largest minus smallest of ``values`` (0 for one value)."""
     return max(values) - min(values) if values else math.nan
+
+
+# ------------------------------------------------------------------ one yardstick per question
+# Two questions, two yardsticks, fixed by the question and never by which is larger on a run:
+# - "does this run repeat itself?" is read against same-seed repeats (the noise floor);
+# - "do two numerics learn the same?" (Apex vs native, float8 vs bf16, FSDP2 vs plain) is read
+#   against what a perturbation of the same kind does: the baseline trained with other seeds. In
+#   a few dozen steps any change of summation order drifts about as far as a new seed, so a
+#   same-seed floor (often 10-20x narrower) would call every such drift a finding.
+REPEAT = "same-seed repeats"
+SEEDS = "other seeds"
+QUESTIONS = {"repeat": REPEAT, "numerics": SEEDS}
+
+
+def yardstick(noise: NoiseFloor | None, question: str = "numerics") -> tuple[float, str]:
+    """The relative spread a loss difference is read against for ``question`` ('repeat' or
+    'numerics'), and its name (:data:`REPEAT` or :data:`SEEDS`); NaN when that spread was not
+    measured (no other seed for 'numerics')."""
+    if question not in QUESTIONS:
+        raise ValueError(f"question must be one of {sorted(QUESTIONS)}, not {question!r}")
+    name = QUESTIONS[question]
+    if noise is None:
+        return math.nan, name
+    return (noise.floor if question == "repeat" else noise.seed_spread), name
+
+
+def loss_verdict(diff: float, scale: float, factor: float = NOISE_FACTOR) -> str:
+    """A relative loss difference against a yardstick ``scale`` (relative): 'within noise', or
+    'lower' / 'higher' when it exceeds ``factor`` x the scale; 'not measured' without one."""
+    if not (math.isfinite(diff) and math.isfinite(scale)):
+        return "not measured"
+    if not beyond_noise(diff, scale, factor):
+        return "within noise"
+    return "lower" if diff < 0 else "higher"
+
+
+def target_verdict(diff: float, scale: float, tolerance: float = LOSS_TOLERANCE,
+                   factor: float = NOISE_FACTOR) -> str:
+    """Whether a relative loss difference holds the course's target, read against its noise:
+    'within' when it stays inside the target by more than ``factor`` x the yardstick, 'beyond'
+    when it passes it by more than that, else 'undecided' (a re-run could land on either side:
+    a longer run or more seeds would decide). 'not measured' without a finite difference."""
+    if not math.isfinite(diff):
+        return "not measured"
+    margin = factor * scale if math.isfinite(scale) else 0.0
+    if abs(diff) < tolerance - margin:
+        return "within"
+    if abs(diff) > tolerance + margin:
+        return "beyond"
+    return "undecided"
+
+
+def loss_table(losses: dict[str, float], baseline: str, noise: NoiseFloor | None, *,
+               question: str = "numerics", tolerance: float = LOSS_TOLERANCE):
+    """One row per run: its loss, its difference from ``baseline``'s (percent), the yardstick
+    the question calls for (named, in percent), the verdict against it (:func:`loss_verdict`)
+    and the target's (:func:`target_verdict`)."""
+    import pandas as pd
+
+    if baseline not in losses:
+        raise KeyError(f"the baseline {baseline!r} is not among the runs {sorted(losses)}")
+    scale, name = yardstick(noise, question)
+    base = losses[baseline]
+    rows = []
+    for run, loss in losses.items():
+        diff = (loss - base) / abs(base) if math.isfinite(loss) else math.nan
+        rows.append({"run": run, "val_loss": loss, "diff_pct": 100 * diff, "yardstick": name,
+                     "yardstick_pct": 100 * scale,
+                     "verdict": "baseline" if run == baseline else loss_verdict(diff, scale),
+                     "target": "baseline" if run == baseline else
+                     target_verdict(diff, scale, tolerance)})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ timings in interleaved rounds
+def round_stability(rounds: dict[str, list[float]], limit: float = SPREAD_LIMIT):
+    """One row per candidate timed in interleaved rounds (name -> each round's median, ms):
+    the median of its rounds, their range, and ``stable``: the range within ``limit`` of the
+    median (each candidate its own flag: one unstable candidate says nothing of the others)."""
+    import pandas as pd
+
+    rows = []
+    for name, ms in rounds.items():
+        med = statistics.median(ms)
+        rng = (max(ms) - min(ms)) / med if med > 0 else math.inf
+        rows.append({"candidate": name, "rounds": len(ms), "median_ms": med,
+                     "min_ms": min(ms), "max_ms": max(ms), "range_pct": 100 * rng,
+                     "stable": bool(rng <= limit)})
+    return pd.DataFrame(rows)
+
+
+def rounds_reason(a: Sequence[float], b: Sequence[float], *, tie: float = TIE_FRACTION,
+                  limit: float = SPREAD_LIMIT) -> tuple[str, str]:
+    """The verdict of ``a`` against ``b`` timed in the same interleaved rounds (each round's
+    median, ms) and why: 'faster' when ``a`` beat ``b`` by more than ``tie`` in every round,
+    'slower' when it lost by more than that in every round, else 'cannot tell apart' (the
+    rounds disagree, or every round is within ``tie``); 'unstable' when either's rounds range
+    over more than ``limit`` of its median."""
+    if len(a) != len(b) or not a:
+        raise ValueError("two candidates of the same rounds are needed, with one median each")
+    for ms in (a, b):
+        med = statistics.median(ms)
+        if med <= 0 or (max(ms) - min(ms)) / med > limit:
+            return "unstable", (f"rounds ranged {100 * (max(ms) - min(ms)) / med:.0f}% of "
+                                "their median")
+    ratios = [y / x for x, y in zip(a, b, strict=True)]  # b's time over a's, round by round
+    lo, hi = min(ratios), max(ratios)
+    if lo > 1 + tie:
+        return "faster", f"in all {len(ratios)} rounds ({lo:.2f}x to {hi:.2f}x)"
+    if hi < 1 / (1 + tie):
+        return "slower", f"in all {len(ratios)} rounds ({lo:.2f}x to {hi:.2f}x)"
+    if lo >= 1 / (1 + tie) and hi <= 1 + tie:
+        return TIE_WORD, f"every round within {tie:.0%}"
+    return TIE_WORD, f"the rounds disagree ({lo:.2f}x to {hi:.2f}x)"
+
+
+def rounds_table(rounds: dict[str, list[float]], pairs: Iterable[tuple[str, str]], *,
+                 tie: float = TIE_FRACTION):
+    """One row per pair (a, b) timed in the same interleaved rounds: both medians of the
+    rounds, ``speedup`` (b's time over a's, the median of the rounds' ratios), its range over
+    the rounds, the verdict by :func:`rounds_reason` and its compact ``label``."""
+    import pandas as pd
+
+    rows = []
+    for a, b in pairs:
+        if a not in rounds or b not in rounds:
+            continue
+        ratios = [y / x for x, y in zip(rounds[a], rounds[b], strict=True)]
+        word, why = rounds_reason(rounds[a], rounds[b], tie=tie)
+        speedup = statistics.median(ratios)
+        rows.append({"candidate": a, "vs": b, "candidate_ms": statistics.median(rounds[a]),
+                     "vs_ms": statistics.median(rounds[b]), "speedup": speedup,
+                     "speedup_min": min(ratios), "speedup_max": max(ratios),
+                     "rounds": len(ratios), "verdict": word, "why": why,
+                     "label": label(word, speedup)})
+    return pd.DataFrame(rows, columns=["candidate", "vs", "candidate_ms", "vs_ms", "speedup",
+                                       "speedup_min", "speedup_max", "rounds", "verdict", "why",
+                                       "label"])
+
+
+def fastest_by_rounds(rounds: dict[str, list[float]], *, tie: float = TIE_FRACTION
+                      ) -> tuple[str, list[str]]:
+    """The candidate with the lowest median over the rounds, and the others that
+    :func:`rounds_reason` cannot tell apart from it (or that are unstable)."""
+    if not rounds:
+        raise ValueError("no candidates to choose from")
+    best = min(rounds, key=lambda n: statistics.median(rounds[n]))
+    tied = [n for n in sorted(rounds, key=lambda n: statistics.median(rounds[n]))
+            if n != best and rounds_reason(rounds[best], rounds[n], tie=tie)[0] != "faster"]
+    return best, tied
+
+
+def label(word: str, speedup: float | None = None) -> str:
+    """A verdict as a table shows it: 'faster 1.40x', 'slower 0.89x' (the other's time over
+    this one's), 'tie' for timings the rule cannot separate, else the word itself."""
+    if word == TIE_WORD:
+        return "tie"
+    if word in ("faster", "slower") and speedup is not None and math.isfinite(speedup):
+        return f"{word} {speedup:.2f}x"
+    return word
