@@ -7,7 +7,14 @@
   with q1_ms and q3_ms where it has them (else the medians alone are compared).
 - Losses: a difference between two training runs against the run-to-run noise of the baseline
   (:class:`NoiseFloor`: the baseline trained again with the same seed), beside the course's
-  2% target.
+  2% target; the yardstick is fixed by the question (:func:`yardstick`): same-seed repeats for
+  "does this run repeat itself?", other seeds for "do two numerics learn the same?".
+- Host-bound timings: interleaved rounds, a verdict only when every round agrees
+  (:func:`rounds_table`), each candidate its own stability flag (:func:`round_stability`).
+
+Longer than 400 lines because it is the course's one rule book: every verdict a notebook prints
+comes from here, and the timing, loss and rounds rules share the tie fraction and the noise
+factor, which split apart would drift.
 """
 
 from __future__ import annotations
