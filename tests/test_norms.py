@@ -202,7 +202,7 @@ def test_verdict_table_flips_when_the_numbers_flip_and_flags_ties():
     assert no_iqr["tied_with_fastest"] == ""
 
 
-def test_verdict_table_shares_columns_through_the_label_and_judges_call_ms():
+def test_verdict_table_shares_columns_through_the_label_and_flags_launch_bound():
     rows = []
     for norm, dtype, times in (
             ("LayerNorm", "bf16", {"torch.compile LayerNorm": 1.0, "torch LayerNorm": 1.5}),
@@ -214,12 +214,10 @@ def test_verdict_table_shares_columns_through_the_label_and_judges_call_ms():
     table = norms.verdict_table(pd.DataFrame(rows))
     assert list(table.columns) == [
         "norm", "dtype", "pass", "fastest", "tied_with_fastest", "fastest_ms", "torch.compile x",
-        "torch x", "apex Fused x", "fastest_call", "tied_call", "call_ms", "launch_bound",
-        "too_noisy"]
+        "torch x", "apex Fused x", "launch_bound", "too_noisy"]
     ln, rms = table.iloc[0], table.iloc[1]
     assert ln["fastest"] == "torch.compile LayerNorm" and math.isnan(ln["apex Fused x"])
-    assert ln["fastest_call"] == "torch LayerNorm" and ln["call_ms"] == 1.5  # host included
-    assert ln["launch_bound"] == "torch.compile"
+    assert ln["launch_bound"] == "torch.compile"  # the ranking per call: norms.rankings
     # the mixed case: Apex judged against the best native, the compiled norm-and-cast
     assert rms["fastest"] == "apex MixedFusedRMSNorm" and rms["torch.compile x"] == 1.2
     assert rms["torch x"] == 2.0 and rms["launch_bound"] == ""
@@ -304,3 +302,140 @@ def test_bars_and_sweep_chart_draw_gbps_per_family_against_the_copy_ceiling():
         assert lines["copy ceiling"] == [100.0, 100.0]
         assert [v for k, v in lines.items() if k.startswith("apex")] == [[84.0, 532.0, 4116.0]]
     plt.close(fig)
+
+
+# ------------------------------------------------------------------ GPU time and time per call
+KEY = ("LayerNorm", "fp32", "forward+backward")
+MIXED_KEY = ("LayerNorm", "fp32->bf16", "forward+backward")
+COMPILED = {"torch.compile LayerNorm", "torch.compile LayerNorm + cast"}
+
+
+def _ranked(call, gpu=None, mixed_call=None):
+    """norms.rankings of one fp32 and one mixed row: GPU times (compiled fastest, as on the
+    reference H200 run unless ``gpu`` says otherwise) and per-call rounds."""
+    gpu = gpu or {"torch LayerNorm": 0.63, "torch.compile LayerNorm": 0.36,
+                  "apex FusedLayerNorm": 0.61}
+    mixed_gpu = {"torch LayerNorm + cast": 0.91, "torch.compile LayerNorm + cast": 0.34,
+                 "apex MixedFusedLayerNorm": 0.58}
+    rows = (_rows(dict(zip(norms.VERDICT_KEYS, KEY, strict=True)), gpu)
+            + _rows(dict(zip(norms.VERDICT_KEYS, MIXED_KEY, strict=True)), mixed_gpu))
+    verdict = norms.verdict_table(pd.DataFrame(rows))
+    mixed_call = mixed_call or {"torch LayerNorm + cast": [0.91, 0.92, 0.91, 0.90, 0.91],
+                                "torch.compile LayerNorm + cast": [0.90, 0.91, 0.89, 0.92, 0.9],
+                                "apex MixedFusedLayerNorm": [0.58, 0.59, 0.58, 0.57, 0.58]}
+    return norms.rankings(verdict, {KEY: call, MIXED_KEY: mixed_call}, COMPILED)
+
+
+def test_rankings_show_gpu_time_and_time_per_call_when_they_disagree():
+    # the reference run's case: compiled fastest on the GPU, eager torch fastest per call
+    call = {"torch LayerNorm": [0.63, 0.62, 0.64, 0.63, 0.63],
+            "torch.compile LayerNorm": [0.94, 0.90, 0.95, 0.93, 0.94],
+            "apex FusedLayerNorm": [0.80, 0.81, 0.79, 0.80, 0.80]}
+    ranks = _ranked(call).set_index("dtype")
+    row = ranks.loc["fp32"]
+    assert (row["gpu_fastest"], row["gpu_verdict"]) == ("torch.compile", "faster 1.69x")
+    assert (row["call_fastest"], row["call_verdict"]) == ("torch", "faster 1.27x")
+    assert (row["eager_call_fastest"], row["eager_call_verdict"]) == ("torch", "faster 1.27x")
+    mixed = ranks.loc["fp32->bf16"]
+    assert mixed["gpu_fastest"] == "torch.compile"
+    assert (mixed["call_fastest"], mixed["eager_call_fastest"]) == ("apex Fused", "apex Fused")
+    # the summary's counts are those of this table, for both rankings
+    wins = norms.clear_wins(ranks.reset_index())
+    assert wins.loc["torch.compile", "gpu"] == 2 and wins.loc["torch.compile", "call"] == 0
+    assert wins.loc["torch", "call"] == 1 and wins.loc["apex Fused", "eager_call"] == 1
+
+
+def test_overlapping_rounds_are_no_speedup_per_call():
+    # torch wins 4 rounds of 5 and loses one: the rounds disagree, so no winner per call
+    call = {"torch LayerNorm": [0.60, 0.61, 0.60, 0.70, 0.60],
+            "torch.compile LayerNorm": [0.94, 0.93, 0.95, 0.94, 0.94],
+            "apex FusedLayerNorm": [0.66, 0.66, 0.67, 0.66, 0.66]}
+    row = _ranked(call).iloc[0]
+    assert row["call_verdict"] == "tie" and row["call_fastest"] == "torch = apex Fused"
+    assert row["eager_call_verdict"] == "tie"
+    wobbly = dict(call, **{"apex FusedLayerNorm": [0.66, 0.99, 0.67, 0.66, 0.66]})
+    assert _ranked(wobbly).iloc[0]["call_verdict"] == "unstable"  # a range over 25%
+    ranks = _ranked(call)
+    assert norms.clear_wins(ranks).loc["no clear winner", "call"] == 1
+
+
+def _counts(items, ranking):
+    """family -> count from a summary item ('torch 3, apex Fused 1; no clear winner in 2')."""
+    wins, _, rest = items[ranking].partition("; no clear winner in ")
+    counts = {f: int(n) for f, n in (w.rsplit(" ", 1) for w in wins.split(", ") if w != "none")}
+    return {**counts, "no clear winner": int(rest)}
+
+
+@pytest.mark.parametrize("gpu_winner", ["torch.compile LayerNorm", "apex FusedLayerNorm"])
+def test_summary_counts_come_from_the_table_they_summarize(gpu_winner):
+    gpu = {"torch LayerNorm": 0.63, "torch.compile LayerNorm": 0.9, "apex FusedLayerNorm": 0.8}
+    gpu[gpu_winner] = 0.3
+    call = {"torch LayerNorm": [0.63] * 5, "torch.compile LayerNorm": [0.94] * 5,
+            "apex FusedLayerNorm": [0.80] * 5}
+    ranks = _ranked(call, gpu=gpu)
+    items = norms.summary_items(ranks)
+    for name, title in norms.RANKINGS.items():
+        counted = _counts(items, f"clearly fastest {title}, of 2 rows")
+        clear = ranks[f"{name}_verdict"].str.startswith("faster")
+        table = ranks.loc[clear, f"{name}_fastest"].value_counts().to_dict()
+        assert counted == {**table, "no clear winner": int((~clear).sum())}, name
+    by_gpu = _counts(items, "clearly fastest by GPU time, of 2 rows")  # the mixed row: compiled
+    assert by_gpu[norms.family(gpu_winner)] == (2 if gpu_winner.startswith("torch.c") else 1)
+    mixed = items["apex MixedFused clearly fastest, of 1 mixed-dtype rows"]
+    assert mixed == "by GPU time: 0; per call, host included: 1; per call, eager candidates only: 1"
+
+
+def test_one_candidate_rows_carry_no_verdict():
+    rows = _rows({"norm": "LayerNorm", "dtype": "fp32", "pass": "forward"},
+                 {"torch LayerNorm": 1.0})
+    timing = pd.DataFrame(rows)
+    assert norms.one_candidate(timing)
+    ranks = norms.rankings(norms.verdict_table(timing),
+                           {("LayerNorm", "fp32", "forward"): {"torch LayerNorm": [1.0, 1.1]}},
+                           set())
+    assert set(ranks.filter(like="_verdict").iloc[0]) == {norms.NO_RIVAL}
+    assert norms.clear_wins(ranks).loc["no clear winner"].tolist() == [1, 1, 1]
+    assert not norms.one_candidate(pd.DataFrame(_rows({"norm": "LayerNorm", "dtype": "fp32",
+                                                      "pass": "forward"}, {"a": 1.0, "b": 2.0})))
+
+
+def test_call_rounds_time_every_candidate_in_every_round():
+    cfg = norms.Config("fp32", "fp32")
+    entries, inputs, _ = norms.build(PLAIN, MIXED, [cfg], 8, 16, "cpu", fix="")
+    call = norms.call_rounds(entries, inputs, rounds=2, warmup=0, repeats=1)
+    assert set(call) == {(n, "fp32", p) for n in norms.NORMS for p in norms.PASSES}
+    assert all(len(ms) == 2 for r in call.values() for ms in r.values())
+    frame = norms.rounds_frame(call)
+    assert list(frame.columns[:4]) == ["norm", "dtype", "pass", "candidate"]
+    assert len(frame) == 4 and "stable" in frame.columns
+
+
+@pytest.mark.notebook
+@pytest.mark.smoke("03")
+def test_smoke_run_prints_no_reading_that_cannot_mean_anything_there(smoke_run):
+    """The smoke run's 03: no empty DataFrame shown, sizes under 1 MiB in KiB; on the CPU (one
+    candidate per row) no verdict, and the saved rankings carry none either; with more
+    candidates, the summary's counts are those of the rankings table it shows."""
+    import nbformat
+
+    out, runs = smoke_run
+    run = runs["03_fused_layernorm_rmsnorm.ipynb"]
+    executed = nbformat.read(run.output, as_version=4)
+    texts = [o.get("text") or o.get("data", {}).get("text/plain", "")
+             for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [t for t in texts if "Empty DataFrame" in t]
+    assert not [t for t in texts if " 0 MiB" in t or "- MiB" in t]
+    ranks = pd.read_csv(out / "results" / "03_rankings.csv", keep_default_na=False)
+    timing = pd.read_csv(out / "results" / "03_norm_timings.csv")
+    assert len(ranks) == timing.groupby(norms.VERDICT_KEYS).ngroups
+    rounds = pd.read_csv(out / "results" / "03_call_rounds.csv")
+    assert len(rounds) == len(timing) and "stable" in rounds.columns
+    if norms.one_candidate(timing):
+        assert set(ranks.filter(like="_verdict").to_numpy().ravel()) == {norms.NO_RIVAL}
+        assert not [t for t in texts if "clearly fastest" in t or "tied_with_fastest" in t]
+    else:
+        summary = next(t for t in texts if t.startswith("run: "))
+        wins = norms.clear_wins(ranks)
+        for name, title in norms.RANKINGS.items():
+            line = next(x for x in summary.splitlines() if x.startswith(f"clearly fastest {title}"))
+            assert line.endswith(f"no clear winner in {wins.loc['no clear winner', name]}")

@@ -187,18 +187,17 @@ def test_norm_verdicts_count_no_win_where_a_timing_is_too_noisy():
     verdict = norms.verdict_table(timing)
     assert list(verdict["too_noisy"]) == ["apex Fused", "", "torch"]
     assert list(verdict["tied_with_fastest"]) == ["torch LayerNorm", "", "torch LayerNorm + cast"]
-    items = norms.summary_items(verdict)
-    wins = items["clearly fastest by GPU time, of 3 rows"]
-    assert wins.startswith("apex Fused 1; too noisy to compare on this run in 2"), wins
-    assert "tied with another" not in wins  # a noisy row is not a tie either
-    assert items["mixed dtypes, 1 rows, against norm + cast"] == (
-        "apex MixedFused clearly fastest in 0, tied with the fastest in 0, too noisy to compare "
-        "in 1")
-    calm = norms.summary_items(norms.verdict_table(timing.assign(  # every IQR tight: it flips
-        q1_ms=timing["median_ms"] * 0.99, q3_ms=timing["median_ms"] * 1.01)))
-    assert calm["clearly fastest by GPU time, of 3 rows"] == "apex Fused 3"
-    assert calm["mixed dtypes, 1 rows, against norm + cast"].startswith(
-        "apex MixedFused clearly fastest in 1")
+    call = {(r["norm"], r["dtype"], r["pass"]): {} for _, r in verdict.iterrows()}
+    for _, r in timing.iterrows():  # per call: the same order in every round
+        call[(r["norm"], r["dtype"], r["pass"])][r["candidate"]] = [r["median_ms"]] * 3
+    ranks = norms.rankings(verdict, call, set())
+    assert list(ranks["gpu_verdict"]) == ["too noisy", "faster 2.00x", "too noisy"]
+    wins = norms.clear_wins(ranks)
+    assert wins.loc["apex Fused", "gpu"] == 1 and wins.loc["no clear winner", "gpu"] == 2
+    assert wins.loc["apex Fused", "call"] == 3  # the rounds are read on their own
+    calm = norms.verdict_table(timing.assign(  # every IQR tight: it flips
+        q1_ms=timing["median_ms"] * 0.99, q3_ms=timing["median_ms"] * 1.01))
+    assert norms.clear_wins(norms.rankings(calm, call, set())).loc["apex Fused", "gpu"] == 3
 
 
 def test_crossovers_mark_a_noisy_size():

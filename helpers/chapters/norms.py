@@ -308,53 +308,153 @@ def noisy_families(group: pd.DataFrame) -> str:
 
 def verdict_table(timing: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
     """One row per norm, dtype and pass: the fastest by GPU time (with those that cannot be told
-    apart from it), its median, each candidate family's time over it, the fastest by
-    ``call_ms`` (host included), the candidates whose call_ms clearly exceeds their GPU time,
-    and ``too_noisy``: the families whose GPU time spreads too wide to compare (then the row has
-    no winner on this run, whatever ``fastest`` says: a noisy candidate is tied with it)."""
+    apart from it), its median, each candidate family's time over it, the candidates whose
+    call_ms clearly exceeds their GPU time, and ``too_noisy``: the families whose GPU time
+    spreads too wide to compare (then the row has no winner on this run, whatever ``fastest``
+    says: a noisy candidate is tied with it). The ranking per call, host included, is read from
+    interleaved rounds instead (:func:`call_rounds`, :func:`rankings`)."""
     import pandas as pd
 
     by = by or VERDICT_KEYS
     gpu = verdicts.verdict_table(timing, by, label=family)
-    host = verdicts.verdict_table(timing, by, value="call_ms", iqr=None, label=family)
-    host = host[by + ["fastest", "tied_with_fastest", "fastest_ms"]].rename(columns={
-        "fastest": "fastest_call", "tied_with_fastest": "tied_call", "fastest_ms": "call_ms"})
     bound = (timing[timing["launch_bound"]].groupby(by, sort=False)["candidate"]
              .agg(lambda names: ", ".join(map(family, names))).rename("launch_bound"))
     noisy = [{**dict(zip(by, keys if isinstance(keys, tuple) else (keys,), strict=True)),
               "too_noisy": noisy_families(group)}
              for keys, group in timing.groupby(by, sort=False)]
-    table = gpu.merge(host, on=by, how="left").merge(bound.reset_index(), on=by, how="left")
+    table = gpu.merge(bound.reset_index(), on=by, how="left")
     table = table.merge(pd.DataFrame(noisy, columns=[*by, "too_noisy"]), on=by, how="left")
     return table.fillna({"launch_bound": "", "too_noisy": ""})
 
 
-def summary_items(verdict: pd.DataFrame) -> dict[str, str]:
-    """The summary table's reading of :func:`verdict_table` (item -> this run): the families
-    clearly fastest (by the tie rule) and how many rows are ties or too noisy to compare, then
-    the mixed-dtype rows: where Apex's MixedFused is clearly fastest or tied with the fastest.
-    A row too noisy to compare counts as neither a win nor a tie."""
-    noisy = verdict["too_noisy"] != ""
-    tied = (verdict["tied_with_fastest"] != "") & ~noisy
-    clear = verdict[~noisy & ~tied]
-    wins = clear["fastest"].map(family).value_counts()
-    text = ", ".join(f"{name} {n}" for name, n in wins.items()) or "none"
-    if tied.any():
-        text += f"; tied with another in {int(tied.sum())}"
-    if noisy.any():
-        text += (f"; too noisy to compare on this run in {int(noisy.sum())} (an IQR over "
-                 f"{verdicts.SPREAD_LIMIT:.0%} of its median: re-run to compare)")
-    items = {f"clearly fastest by GPU time, of {len(verdict)} rows": text}
-    mixed = verdict["dtype"].str.contains("->")
-    if mixed.any():
-        apex_first = verdict["fastest"].str.startswith("apex")
-        apex_tied = verdict["tied_with_fastest"].str.contains("apex")
-        won = int((mixed & ~noisy & ~tied & apex_first).sum())
-        shared = int((mixed & tied & (apex_first | apex_tied)).sum())
-        text = f"apex MixedFused clearly fastest in {won}, tied with the fastest in {shared}"
-        if (mixed & noisy).any():
-            text += f", too noisy to compare in {int((mixed & noisy).sum())}"
-        items[f"mixed dtypes, {int(mixed.sum())} rows, against norm + cast"] = text
+def one_candidate(timing: pd.DataFrame) -> bool:
+    """True when no norm, dtype and pass has two candidates: nothing to rank (the CPU runs the
+    native norms only)."""
+    return bool((timing.groupby(VERDICT_KEYS, sort=False)["candidate"].nunique() < 2).all())
+
+
+Rounds = dict[tuple[str, str, str], dict[str, list[float]]]  # (norm, dtype, pass) -> name -> ms
+
+
+def call_rounds(entries: list[Entry], inputs: dict, *, rounds: int, warmup: int,
+                repeats: int) -> Rounds:
+    """Per norm, dtype and pass: each candidate's time per call, host included (back-to-back
+    calls, no hold), as the median of each of ``rounds`` interleaved rounds
+    (:func:`helpers.bench.interleaved`): host-bound times move between runs more than within
+    one, and the rounds show by how much."""
+    groups: dict[tuple[str, str, str], dict] = {}
+    for e in entries:
+        x, dy = inputs[e.cfg.label]
+        for p in PASSES:
+            groups.setdefault((e.norm, e.cfg.label, p), {})[e.name] = step_fn(e.module, x, dy, p)
+    device = next(iter(inputs.values()))[0].device if inputs else "cpu"
+    return {key: bench.round_medians(bench.interleaved(fns, rounds=rounds, warmup=warmup,
+                                                       repeats=repeats, device=device))
+            for key, fns in groups.items()}
+
+
+def rounds_frame(call: Rounds) -> pd.DataFrame:
+    """The 03_call_rounds table: :func:`helpers.verdicts.round_stability` of every group (each
+    candidate's median over the rounds, its range and its own ``stable`` flag)."""
+    import pandas as pd
+
+    frames = [verdicts.round_stability(r).assign(norm=k[0], dtype=k[1], **{"pass": k[2]})
+              for k, r in call.items()]
+    table = pd.concat(frames, ignore_index=True)
+    return table[[*VERDICT_KEYS, *(c for c in table.columns if c not in VERDICT_KEYS)]]
+
+
+NO_RIVAL = "one candidate"  # the verdict of a row with nothing to rank
+
+
+def _by_rounds(r: dict[str, list[float]]) -> tuple[str, str]:
+    """The fastest family per call ('A = B' where the rounds cannot separate them) and its
+    verdict against the runner-up: 'faster 1.40x' only when every round agrees, 'tie', or
+    'unstable' when a candidate's rounds range too wide (:func:`helpers.verdicts.rounds_table`)."""
+    if len(r) < 2:
+        return family(next(iter(r))), NO_RIVAL
+    best, _ = verdicts.fastest_by_rounds(r)
+    pairs = verdicts.rounds_table(r, [(best, other) for other in r if other != best])
+    tied = pairs[pairs["verdict"] == verdicts.TIE_WORD]["vs"]
+    fastest = " = ".join(family(n) for n in [best, *tied])
+    if (pairs["verdict"] == "unstable").any():
+        return fastest, "unstable"
+    if len(tied):
+        return fastest, verdicts.label(verdicts.TIE_WORD)
+    return fastest, str(pairs.loc[pairs["speedup"].idxmin(), "label"])
+
+
+def _by_gpu(row) -> tuple[str, str]:
+    """The fastest family by GPU time (with those tied with it) and its verdict against the
+    runner-up: 'too noisy', 'tie' or 'faster 1.40x', from a :func:`verdict_table` row."""
+    tied = [n for n in row["tied_with_fastest"].split(", ") if n]
+    fastest = " = ".join(family(n) for n in [row["fastest"], *tied])
+    others = [float(v) for k, v in row.items() if str(k).endswith(" x")
+              and k != f"{family(row['fastest'])} x" and v == v]
+    if not others:
+        return fastest, NO_RIVAL
+    if row["too_noisy"]:
+        return fastest, "too noisy"
+    if tied:
+        return fastest, verdicts.label(verdicts.TIE_WORD)
+    return fastest, verdicts.label("faster", min(others))
+
+
+RANKINGS = {"gpu": "by GPU time", "call": "per call, host included",
+            "eager_call": "per call, eager candidates only"}
+
+
+def rankings(verdict: pd.DataFrame, call: Rounds, compiled: set[str]) -> pd.DataFrame:
+    """Config x pass -> the fastest family by GPU time and per call (host included, read from
+    interleaved rounds), among all candidates and among the eager ones (``compiled``: the
+    names of the compiled candidates), each with its verdict label against the runner-up."""
+    import pandas as pd
+
+    rows = []
+    for _, row in verdict.iterrows():
+        key = (row["norm"], row["dtype"], row["pass"])
+        r = call[key]
+        eager = {n: ms for n, ms in r.items() if n not in compiled}
+        cells = {"gpu": _by_gpu(row), "call": _by_rounds(r),
+                 "eager_call": _by_rounds(eager) if eager else ("", NO_RIVAL)}
+        out = dict(zip(VERDICT_KEYS, key, strict=True))
+        for name, (fastest, word) in cells.items():
+            out[f"{name}_fastest"], out[f"{name}_verdict"] = fastest, word
+        rows.append(out)
+    return pd.DataFrame(rows, columns=[*VERDICT_KEYS, *(f"{n}_{c}" for n in RANKINGS
+                                                        for c in ("fastest", "verdict"))])
+
+
+def clear_wins(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Family x ranking (:data:`RANKINGS`): the rows of ``ranks`` (:func:`rankings`) where that
+    family is clearly fastest (its verdict 'faster ...'), and 'no clear winner': the rows tied,
+    unstable, too noisy or with one candidate. Every count of the summary comes from here."""
+    import pandas as pd
+
+    counts = {}
+    for name in RANKINGS:
+        clear = ranks[f"{name}_verdict"].str.startswith("faster")
+        wins = ranks.loc[clear, f"{name}_fastest"].value_counts()
+        counts[name] = {**wins.to_dict(), "no clear winner": int((~clear).sum())}
+    table = pd.DataFrame(counts).fillna(0).astype(int)
+    order = [f for f in table.index if f != "no clear winner"] + ["no clear winner"]
+    return table.loc[order]
+
+
+def summary_items(ranks: pd.DataFrame) -> dict[str, str]:
+    """The summary's reading of :func:`rankings`, counted by :func:`clear_wins` from that same
+    table: per ranking, the families clearly fastest and the rows with no clear winner; then
+    the mixed-dtype rows (fp32 in, half out), where Apex's MixedFused is clearly fastest."""
+    items = {}
+    for name, counts in clear_wins(ranks).items():
+        wins = ", ".join(f"{f} {n}" for f, n in counts.items() if f != "no clear winner" and n)
+        items[f"clearly fastest {RANKINGS[name]}, of {len(ranks)} rows"] = (
+            f"{wins or 'none'}; no clear winner in {counts['no clear winner']}")
+    mixed = ranks[ranks["dtype"].str.contains("->")]
+    if len(mixed):
+        apex = clear_wins(mixed).reindex(["apex Fused"]).fillna(0).astype(int).iloc[0]
+        items[f"apex MixedFused clearly fastest, of {len(mixed)} mixed-dtype rows"] = "; ".join(
+            f"{RANKINGS[name]}: {apex[name]}" for name in RANKINGS)
     return items
 
 
