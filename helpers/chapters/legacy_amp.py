@@ -613,9 +613,6 @@ def fused_kernel_check(apex_dir: Path | str, device: torch.device | str) -> dict
     device = torch.device(device)
     result: dict = {"ok": False, "calls": legacy_kernel_calls(apex_dir), "missing": [],
                     "max_abs_error": {}, "why": ""}
-    if device.type != "cuda":
-        result["why"] = "the fused kernels need a CUDA GPU"
-        return result
     try:
         amp_c = importlib.import_module("amp_C")
     except Exception as exc:
@@ -624,6 +621,9 @@ def fused_kernel_check(apex_dir: Path | str, device: torch.device | str) -> dict
     result["missing"] = [n for n in result["calls"] if not hasattr(amp_c, n)]
     if result["missing"]:
         result["why"] = f"the modern amp_C lacks {', '.join(result['missing'])}"
+        return result
+    if device.type != "cuda":
+        result["why"] = "the fused kernels need a CUDA GPU"
         return result
     try:
         result["max_abs_error"] = _kernel_errors(amp_c, device, result["calls"])
