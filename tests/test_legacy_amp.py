@@ -8,10 +8,12 @@ stand-in ``apex.amp`` (and against the real legacy source when one is at hand).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import nbformat
@@ -19,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import bench, errors, launch, machine
+from helpers import bench, errors, launch, machine, verdicts
 from helpers.chapters import legacy_amp
 from helpers.chapters.legacy_amp import TrainConfig
 
@@ -314,7 +316,8 @@ def test_o3_eps_accepts_one_float_and_refuses_bad_values():
 
 def test_child_refuses_unknown_levels_and_bad_eps(tmp_path):
     plan = {"config": json.loads(CFG.to_json())}
-    for extra in ({"levels": ["O4"]}, {"overflow_levels": ["00"]}, {"o3_eps": [2.0]}):
+    for extra in ({"levels": ["O4"]}, {"overflow_levels": ["00"]}, {"o3_eps": [2.0]},
+                  {"fused_levels": ["O5"]}):
         with pytest.raises(SystemExit) as exc:
             legacy_amp.Child.from_argv(["--plan", json.dumps({**plan, **extra}),
                                         "--out", str(tmp_path / "x.json")])
@@ -322,7 +325,7 @@ def test_child_refuses_unknown_levels_and_bad_eps(tmp_path):
     child = legacy_amp.Child.from_argv(["--plan", json.dumps({**plan, "o3_eps": [1e-3]}),
                                         "--out", str(tmp_path / "x.json")])
     assert child.cfg == CFG and child.wants_legacy
-    assert list(child.legacy_runs()) == [("O3 eps=0.001", "O3", 1e-3)]
+    assert list(child.legacy_runs()) == [("O3 eps=0.001", "O3", 1e-3, False)]
 
 
 # ------------------------------------------------------------------ the script cell
@@ -476,15 +479,21 @@ def test_script_cell_runs_levels_and_overflow_with_a_stand_in_amp(script, fake_a
     log = tmp_path / "initialized.txt"
     monkeypatch.setenv("FAKE_AMP_LOG", str(log))
     payload = legacy_amp.launch(script, CFG, tmp_path / "fake.json", levels=("O0", "O1", "O3"),
-                                o3_eps=(1e-3,), overflow_levels=("O1",), legacy_dir=fake_apex,
-                                device="cpu", timeout=300)
+                                o3_eps=(1e-3,), overflow_levels=("O1",), fused_levels=("O1",),
+                                timed_levels=("O1",), legacy_dir=fake_apex, device="cpu",
+                                timeout=300)
     assert payload["error"] == "" and payload["import_error"] == "", payload
     assert payload["meta"]["fused_kernels"] is False
+    # no fused kernels on the CPU: the check says why in one line, and no 'O1 fused' run
+    assert payload["meta"]["fused_check"]["ok"] is False and payload["meta"]["fused_check"]["why"]
+    assert payload["rounds"] == {"apex.amp O1": payload["rounds"]["apex.amp O1"]}
+    assert len(payload["rounds"]["apex.amp O1"]) == CFG.rounds and not payload["round_errors"]
     assert payload["meta"]["apex_path"].startswith(str(fake_apex.resolve()))
     runs = {r.label: r for r in legacy_amp.runs_of(payload)}
     assert list(runs) == ["torch.amp fp32 (child)", "apex.amp O0", "apex.amp O1", "apex.amp O3",
                           "apex.amp O3 eps=0.001"]
     assert all(r.ok and len(r.losses) == CFG.steps for r in runs.values()), runs
+    assert not any(r.extra.get("fused_kernels") for r in runs.values())
     # recorded while O1's patch was active; the op probe ran before the reset
     assert runs["apex.amp O1"].extra["activation_dtype"] == "float16"
     assert runs["apex.amp O0"].extra["activation_dtype"] == "float32"  # O1's patch was undone
@@ -500,7 +509,7 @@ def test_script_cell_runs_levels_and_overflow_with_a_stand_in_amp(script, fake_a
     assert len(scales) == CFG.steps and set(scales) <= {2.0**16, 2.0**15, 2.0**14}
     # the optimizer amp.initialize really received: the default eps, then 1e-3; then the probe
     assert log.read_text().split("\n")[:-1] == ["O0 1e-08", "O1 1e-08", "O3 1e-08", "O3 0.001",
-                                                "O1 1e-08"]
+                                                "O1 1e-08"] + ["O1 1e-08"] * CFG.rounds
     (honest,) = payload["overflow"]
     assert honest["inf_injected"] and honest["scale_halved"] and honest["params_unchanged"]
     assert honest["next_step_updates"] and "error" not in honest
@@ -541,3 +550,58 @@ def test_summary_table_reads_each_run_against_fp32():
     assert by["within_tolerance"].tolist() == [True, True, False, False]
     assert not by.loc["O3 eps", "finite"] and by.loc["O3", "finite"]
     assert legacy_amp.summary_table([base, far], base, 0.06)["within_tolerance"].all()
+
+
+# ------------------------------------------------------------------ step times in rounds
+def test_speed_table_opens_with_the_fastest_by_rounds_and_reads_fused_in_the_child():
+    kernel = {"torch.amp fp32": [10.0, 10.2, 9.9], "torch.amp autocast_fp16": [3.4, 3.3, 3.5],
+              "torch.amp autocast_bf16": [3.3, 3.6, 3.4]}
+    child = {"apex.amp O1": [4.2, 4.4, 4.3], "apex.amp O1 fused": [3.8, 3.9, 3.85]}
+    table = legacy_amp.speed_table(kernel, child, "torch.amp fp32",
+                                   [("apex.amp O1 fused", "apex.amp O1"),
+                                    ("torch.amp autocast_fp16", "apex.amp O1 fused")])
+    best, _tied = verdicts.fastest_by_rounds({k: v for k, v in kernel.items()
+                                              if k != "torch.amp fp32"})
+    first = table.iloc[0]
+    assert (first["candidate"], first["vs"]) == (best, "torch.amp fp32")  # the summary's pick
+    fused = table.set_index("candidate").loc["apex.amp O1 fused"]
+    assert fused["process"] == "child" and fused["label"].startswith("faster")
+    across = table.iloc[-1]
+    assert across["process"] == "across" and across["verdict"] == "faster"
+
+
+def test_rounds_of_rotates_rebuilds_and_drops_a_failing_candidate():
+    entered: list[str] = []
+
+    def candidate(name, fail=False):
+        @contextlib.contextmanager
+        def fresh():
+            entered.append(name)
+            if fail:
+                raise RuntimeError("no GPU for this one. More text.")
+            yield lambda: None
+        return fresh
+
+    rounds, failed = legacy_amp.rounds_of({"a": candidate("a"), "b": candidate("b"),
+                                           "c": candidate("c", fail=True)},
+                                          rounds=3, repeats=2, device="cpu", warmup=0)
+    assert set(rounds) == {"a", "b"} and all(len(v) == 3 for v in rounds.values())
+    assert list(failed) == ["c"] and entered[:3] == ["a", "b", "c"]
+    assert entered[3:5] == ["b", "a"]  # round 2 starts one place later; c is not rebuilt
+
+
+def test_fused_kernel_check_reads_the_legacy_source_and_names_what_is_missing(tmp_path,
+                                                                              monkeypatch):
+    amp = tmp_path / "apex" / "amp"
+    amp.mkdir(parents=True)
+    (amp / "scaler.py").write_text("import amp_C\nA = amp_C.multi_tensor_scale\n"
+                                   "B = amp_C.multi_tensor_axpby\nC = other.multi_tensor_x\n")
+    assert legacy_amp.legacy_kernel_calls(tmp_path / "apex") == ["multi_tensor_axpby",
+                                                                 "multi_tensor_scale"]
+    monkeypatch.setitem(sys.modules, "amp_C", types.SimpleNamespace(multi_tensor_scale=None))
+    check = legacy_amp.fused_kernel_check(tmp_path / "apex", "cpu")
+    assert not check["ok"] and check["missing"] == ["multi_tensor_axpby"]
+    monkeypatch.setitem(sys.modules, "amp_C", types.SimpleNamespace(
+        multi_tensor_scale=None, multi_tensor_axpby=None))
+    check = legacy_amp.fused_kernel_check(tmp_path / "apex", "cpu")
+    assert not check["ok"] and not check["missing"] and "CUDA" in check["why"]

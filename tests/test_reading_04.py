@@ -105,3 +105,16 @@ def test_a_failed_child_is_one_sentence_naming_its_error_once():
     assert status == f"child process: 3.0 s, {error}; 0 of 0 runs ran; it produced no fp32 run."
     assert _read(ns, "375a777e") == ["No legacy options to check (the legacy runs did not run "
                                      "here)."]
+
+
+def test_the_fused_kernel_line_names_the_runs_that_used_them_or_why_none_did():
+    ns = _namespace(1.5)
+    ns["child"]["meta"]["fused_check"] = {
+        "ok": True, "calls": ["multi_tensor_axpby", "multi_tensor_scale"], "missing": [],
+        "max_abs_error": {"multi_tensor_scale": 0.0, "multi_tensor_axpby": 1e-7}, "why": ""}
+    ns["legacy_runs"][1].extra["fused_kernels"] = True  # apex.amp O1
+    (line,) = _read(ns, "f5e0c7a1")
+    assert "the 2 kernels" in line and line.endswith("Runs that used them: apex.amp O1."), line
+    ns["child"]["meta"]["fused_check"] = {"ok": False, "why": "the modern amp_C lacks x"}
+    assert _read(ns, "f5e0c7a1") == ["The legacy amp ran without fused kernels only: the modern "
+                                     "amp_C lacks x."]

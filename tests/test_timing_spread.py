@@ -105,43 +105,43 @@ def test_sweep_sentence_reads_the_clear_candidates_and_names_the_others():
     assert "20.0x" not in sentence
 
 
-# ------------------------------------------------------------------ 04: step times
-def run_rows(**timings):
-    return rows(key="run", **timings)
+# ------------------------------------------------------------------ 04: step times in rounds
+def test_04_noisy_rounds_are_not_a_speedup_over_fp32():
+    # the first run: fp16_master_weights 6.43 ms against fp32 108 ms, rounds all over
+    kernel = {"fp32": [108.0, 20.0, 130.0], "fp16_master_weights": [6.43, 2.0, 9.0],
+              "autocast_fp16": [50.0, 48.0, 52.0]}
+    table = legacy_amp.speed_table(kernel, {}, "fp32", [("fp32", "fp16_master_weights")])
+    assert len(table) == 2 and (table["verdict"] == "unstable").all()
+    assert not table["label"].str.startswith("faster").any()
 
 
-def test_04_noisy_step_times_are_not_a_speedup_over_fp32():
-    # the first run: fp16_master_weights 6.43 ms against fp32 108 ms, wide IQRs
-    times = run_rows(fp32=(108.0, 20.0, 130.0), fp16_master_weights=(6.43, 2.0, 9.0),
-                     autocast_fp16=(50.0, 48.0, 52.0))
-    table = legacy_amp.speed_table(times, "fp32", [("fp32", "fp16_master_weights")])
-    assert legacy_amp.speed_reading(times, "fp32", "cpu").startswith(
-        "Fastest step on this run: none on this run")
-    assert (table["verdict"] == verdicts.TIE_WORD).all() and len(table) == 2
-    assert table["why"].str.contains("cold caches or a busy machine").all()
-    # a noisy tie is not "did not pay off"
-    assert "among the fastest" not in legacy_amp.speed_reading(times, "fp32", "cpu")
-
-
-def test_04_clear_step_times_still_compare():
-    times = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(5.0, 4.9, 5.1))
-    table = legacy_amp.speed_table(times, "fp32", [])
-    assert legacy_amp.speed_reading(times, "fp32", "cuda") == \
-        "Fastest step on this run: autocast_fp16."
-    assert table[["run", "vs", "verdict", "speedup"]].values.tolist() == [
-        ["autocast_fp16", "fp32", "faster", 2.0]]
-    tie = run_rows(fp32=(10.0, 9.9, 10.1), autocast_fp16=(10.1, 10.0, 10.2))
-    assert "; fp32 itself is among the fastest" in legacy_amp.speed_reading(tie, "fp32", "cuda")
-    assert legacy_amp.speed_table(tie, "fp32", [])["verdict"].tolist() == [verdicts.TIE_WORD]
-    assert legacy_amp.fastest_step(tie).startswith("fp32 (cannot be told apart")
+def test_04_clear_rounds_still_compare():
+    kernel = {"fp32": [10.0, 9.9, 10.1], "autocast_fp16": [5.0, 4.9, 5.1]}
+    table = legacy_amp.speed_table(kernel, {}, "fp32", [])
+    assert table[["candidate", "vs", "process", "verdict", "label"]].values.tolist() == [
+        ["autocast_fp16", "fp32", "this kernel", "faster", "faster 2.00x"]]
+    tie = {"fp32": [10.0, 9.9, 10.1], "autocast_fp16": [10.1, 10.0, 10.2]}
+    assert legacy_amp.speed_table(tie, {}, "fp32", [])["label"].tolist() == ["tie"]
 
 
 def test_04_overlapping_pair_is_not_a_speedup():
-    times = run_rows(old=(10.0, 9.0, 11.0), new=(11.0, 10.5, 12.0), fp32=(20.0, 19.8, 20.2))
-    table = legacy_amp.speed_table(times, "fp32", [("old", "new"), ("old", "absent")])
-    row = table.iloc[-1]
-    assert len(table) == 2 and (row["run"], row["vs"]) == ("new", "old")
-    assert (row["verdict"], row["why"]) == (verdicts.TIE_WORD, "IQRs overlap")
+    # same process: one round of three disagrees; across processes: the rounds overlap
+    kernel = {"old": [10.0, 10.0, 10.0], "new": [9.0, 9.0, 10.1], "fp32": [20.0, 19.8, 20.2]}
+    child = {"legacy": [10.5, 9.2, 10.0]}
+    table = legacy_amp.speed_table(kernel, child, "fp32",
+                                   [("new", "old"), ("new", "legacy"), ("old", "absent")])
+    rows = table.set_index(["candidate", "vs"])
+    assert len(table) == 3 and rows.loc[("new", "old"), "process"] == "this kernel"
+    assert rows.loc[("new", "old"), "label"] == "tie"
+    assert rows.loc[("new", "legacy"), "process"] == "across"
+    assert rows.loc[("new", "legacy"), "label"] == "tie"
+
+
+def test_04_across_processes_needs_every_round_apart():
+    assert legacy_amp.across_processes([3.0, 3.1, 3.05], [4.0, 4.2, 4.1])[0] == "faster"
+    assert legacy_amp.across_processes([4.0, 4.2, 4.1], [3.0, 3.1, 3.05])[0] == "slower"
+    # medians 1.3x apart, but one round of each overlaps the other's: no verdict
+    assert legacy_amp.across_processes([3.0, 3.1, 3.5], [4.0, 3.4, 4.1])[0] == verdicts.TIE_WORD
 
 
 # ------------------------------------------------------------------ ceilings

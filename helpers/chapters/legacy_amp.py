@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.abc
+import importlib.util
 import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 import warnings
@@ -167,11 +169,14 @@ class TrainConfig:
     adam_eps: float = 1e-8  # Adam's eps (torch's default); pure fp16 (O3) needs a larger one
     seed: int = 0
     warmup_steps: int = 5   # first steps left out of the step-time median
+    rounds: int = 5         # interleaved timing rounds (section 7)
+    round_steps: int = 10   # timed steps per candidate and round (after 3 warm-up steps)
 
     @classmethod
     def smoke(cls) -> TrainConfig:
         """Tiny sizes for the CPU smoke run."""
-        return cls(steps=30, batch=64, d_in=32, hidden=64, depth=2, classes=8, pool=4, lr=3e-3)
+        return cls(steps=30, batch=64, d_in=32, hidden=64, depth=2, classes=8, pool=4, lr=3e-3,
+                   rounds=3, round_steps=4)
 
     def to_json(self) -> str:
         """The config as a JSON string (how the child process receives it)."""
@@ -314,44 +319,103 @@ def o3_table(runs: list[bench.Run], base: bench.Run, tolerance: float,
 
 
 # ------------------------------------------------------------------ step times
-def fastest_step(times) -> str:
-    """The fastest run of a table of :meth:`helpers.bench.Run.row` rows by the tie rule, or
-    'none on this run: the timings are too noisy ...' where a step time's spread is too wide
-    to compare (:func:`helpers.verdicts.fastest_reading`)."""
+ROUND_WARMUP = 3  # untimed steps per candidate and round
+
+
+def stepper(build: Callable[[], tuple], step: Callable, batches) -> Callable[[], object]:
+    """A fresh ``(model, optimizer, scaler) = build()`` and a zero-argument call that trains its
+    next step with ``step`` on the next batch of the pool (what interleaved rounds time)."""
+    model, optimizer, scaler = build()
+    seen = iter(range(1 << 62))
+    return lambda: step(model, optimizer, scaler, *batches[next(seen) % len(batches)])
+
+
+def rounds_of(candidates: dict[str, Callable[[], contextlib.AbstractContextManager]], *,
+              rounds: int, repeats: int, device: torch.device | str,
+              warmup: int = ROUND_WARMUP) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Time candidates that cannot live side by side (one ``amp.initialize`` at a time) in
+    interleaved rounds: each round enters every candidate's context (a fresh run, yielding a
+    zero-argument step) in an order rotated by one place, times ``repeats`` steps after
+    ``warmup`` with :func:`helpers.bench.benchmark` and leaves it. Returns name -> each round's
+    median (ms), and name -> the one-line error of a candidate that failed (then dropped)."""
+    names = list(candidates)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    failed: dict[str, str] = {}
+    for k in range(rounds):
+        shift = k % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            if name in failed:
+                continue
+            try:
+                with candidates[name]() as step:
+                    out[name].append(bench.benchmark(step, label=name, warmup=warmup,
+                                                     repeats=repeats, flush=False,
+                                                     device=device).median_ms)
+            except Exception as exc:
+                failed[name] = errors.one_line(exc, 300)
+    return {n: ms for n, ms in out.items() if n not in failed}, failed
+
+
+def across_processes(a: list[float], b: list[float], *, tie: float | None = None
+                     ) -> tuple[str, str]:
+    """The verdict of ``a`` against ``b`` timed in rounds of two different processes, where no
+    round of one has a partner round of the other: 'faster' only when ``a``'s slowest round
+    beats ``b``'s fastest by more than ``tie``, 'slower' the other way round, else 'cannot
+    tell apart'; 'unstable' when either's rounds range over ``verdicts.SPREAD_LIMIT``."""
     from helpers import verdicts
 
-    return verdicts.fastest_reading(times, key="run")
+    tie = verdicts.TIE_FRACTION if tie is None else tie
+    for ms in (a, b):
+        med = statistics.median(ms)
+        if med <= 0 or (max(ms) - min(ms)) / med > verdicts.SPREAD_LIMIT:
+            return "unstable", (f"rounds ranged {100 * (max(ms) - min(ms)) / med:.0f}% of "
+                                "their median")
+    if max(a) * (1 + tie) < min(b):
+        return "faster", "every round of one process beat every round of the other"
+    if min(a) > max(b) * (1 + tie):
+        return "slower", "every round of one process lost to every round of the other"
+    return verdicts.TIE_WORD, "the two processes' rounds overlap or differ by under 3%"
 
 
-def speed_table(times, base: str, pairs: list[tuple[str, str]]):
-    """Section 7's table from the step times of the runs that trained (rows of
-    :meth:`helpers.bench.Run.row`): the fastest run other than ``base`` (fp32) against ``base``,
-    then each measured (old, new) pair read as new against old, one row each
-    (:func:`helpers.verdicts.comparison_table`): overlapping IQRs, medians within 3% or a spread
-    too wide for its median give 'cannot tell apart' and why, never a ratio read as a finding."""
+SPEED_COLUMNS = ["candidate", "vs", "process", "candidate_ms", "vs_ms", "speedup",
+                 "speedup_min", "speedup_max", "rounds", "verdict", "why", "label"]
+
+
+def speed_table(kernel: dict[str, list[float]], child: dict[str, list[float]], base: str,
+                pairs: list[tuple[str, str]]):
+    """Section 7's table from each process's interleaved rounds (name -> each round's median,
+    ms): the fastest of ``kernel`` (:func:`helpers.verdicts.fastest_by_rounds`) against
+    ``base``, then each (candidate, vs) pair. A pair timed in the same process is read round by
+    round (:func:`helpers.verdicts.rounds_table`); a pair across the two processes only by the
+    rounds' ranges (:func:`across_processes`). ``label`` is the compact verdict."""
+    import pandas as pd
+
     from helpers import verdicts
 
-    ranked = [str(n) for n in times.sort_values("median_ms")["run"]]
-    others = [n for n in ranked if n != base]
-    wanted = [(others[0], base)] if base in ranked and others else []
-    wanted += [(new, old) for old, new in pairs if {old, new} <= set(ranked)]
-    return verdicts.comparison_table(times, wanted, key="run")
-
-
-def speed_reading(times, base: str, where: str) -> str:
-    """Section 7's one sentence: the fastest step by the tie rule (:func:`fastest_step`), and,
-    when ``base`` (fp32) cannot be told apart from it with clear timings, that lower precision
-    did not measurably pay off here."""
-    from helpers import verdicts
-
-    text = f"Fastest step on this run: {fastest_step(times)}"
-    by = times.set_index("run")
-    clear = base in by.index and not any(
-        verdicts.too_noisy(float(r.median_ms), verdicts.row_iqr(r)) for _, r in by.iterrows())
-    if clear and len(by) > 1 and base in verdicts.tied_with_fastest(times, key="run"):
-        text += (f"; {base} itself is among the fastest, so lower precision did not measurably "
-                 f"pay off at these sizes on {where}")
-    return text + "."
+    wanted = []
+    if kernel and base in kernel and len(kernel) > 1:
+        best = verdicts.fastest_by_rounds({n: ms for n, ms in kernel.items() if n != base})[0]
+        wanted.append((best, base))
+    wanted += [p for p in pairs if p not in wanted]
+    rows = []
+    for a, b in wanted:
+        for where, rounds in (("this kernel", kernel), ("child", child)):
+            if a in rounds and b in rounds:
+                row = verdicts.rounds_table(rounds, [(a, b)]).iloc[0].to_dict()
+                rows.append({**row, "process": where})
+                break
+        else:
+            ra, rb = kernel.get(a) or child.get(a), kernel.get(b) or child.get(b)
+            if not ra or not rb:
+                continue
+            word, why = across_processes(ra, rb)
+            speedup = statistics.median(rb) / statistics.median(ra)
+            rows.append({"candidate": a, "vs": b, "process": "across",
+                         "candidate_ms": statistics.median(ra), "vs_ms": statistics.median(rb),
+                         "speedup": speedup, "speedup_min": min(rb) / max(ra),
+                         "speedup_max": max(rb) / min(ra), "rounds": min(len(ra), len(rb)),
+                         "verdict": word, "why": why, "label": verdicts.label(word, speedup)})
+    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
 
 
 SUMMARY_COLUMNS = ["run", "step_ms", "step_iqr_ms", "final_loss", "vs_fp32", "vs_fp32_pct",
@@ -486,9 +550,91 @@ def op_output_dtypes(device: torch.device | str, low: torch.dtype,
 # ------------------------------------------------------------------ the child's side
 # Compiled modules of a modern Apex build that the legacy Python code would pick up from
 # site-packages (amp_C for loss scaling; apex_C and syncbn are imported by apex.parallel).
-# Hidden: the legacy install is Python-only, and kernels built from another commit must not
-# run under its Python code.
+# apex_C and syncbn stay hidden (legacy amp does not use them); amp_C is let through only
+# when :func:`fused_kernel_check` finds every kernel legacy amp calls in it, with results
+# equal to PyTorch's; otherwise it is hidden too and legacy amp uses its Python fallback.
 COMPILED_APEX_MODULES = ("amp_C", "apex_C", "syncbn")
+CHUNK_SIZE = 2048 * 32  # what legacy amp's multi_tensor_applier passes to every kernel
+
+
+def legacy_kernel_calls(apex_dir: Path | str) -> list[str]:
+    """The ``amp_C.<name>`` kernels the legacy ``apex/amp`` and ``apex/multi_tensor_apply``
+    code refers to, read from its source (``apex_dir``: the legacy package's folder)."""
+    import ast
+
+    names = set()
+    for sub in ("amp", "multi_tensor_apply"):
+        for path in sorted((Path(apex_dir) / sub).rglob("*.py")):
+            try:
+                tree = ast.parse(path.read_text(errors="replace"))
+            except SyntaxError:
+                continue
+            names |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name) and node.value.id == "amp_C"}
+    return sorted(names)
+
+
+def _kernel_errors(amp_c, device: torch.device, calls: list[str]) -> dict[str, float]:
+    """Each scaler kernel of ``amp_c`` run as legacy amp runs it, on fp16 and fp32 gradients,
+    against PyTorch: name -> largest absolute difference (for the l2 norm, a tenth of the
+    relative one: its sum runs in another order); an inf must set the overflow flag."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = (1000, 3, 70_000)  # one tensor longer than a chunk
+    grads = [(torch.randn(n, generator=gen) * 1e3).to(device, dt)
+             for n, dt in zip(sizes, (torch.float16, torch.float32, torch.float16), strict=True)]
+    stashed = [torch.randn(n, generator=gen).to(device) for n in sizes]
+    noop = torch.zeros(1, dtype=torch.int, device=device)
+    out = {}
+    masters = [torch.empty(n, device=device) for n in sizes]
+    amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, masters], 1 / 2**16)
+    out["multi_tensor_scale"] = max(float((m - g.float() / 2**16).abs().max())
+                                    for m, g in zip(masters, grads, strict=True))
+    masters = [torch.empty(n, device=device) for n in sizes]
+    amp_c.multi_tensor_axpby(CHUNK_SIZE, noop, [grads, stashed, masters], 1 / 2**16, 1.0, 0)
+    out["multi_tensor_axpby"] = max(float((m - (g.float() / 2**16 + s)).abs().max())
+                                    for m, g, s in zip(masters, grads, stashed, strict=True))
+    if "multi_tensor_l2norm" in calls:  # relative: a sum in another order
+        norm = amp_c.multi_tensor_l2norm(CHUNK_SIZE, noop, [stashed], False)[0]
+        want = torch.linalg.vector_norm(torch.cat(stashed))
+        out["multi_tensor_l2norm"] = float((norm.float().reshape(()) - want).abs() / want) / 10
+    if int(noop.item()) != 0:
+        raise RuntimeError("the overflow flag was set on finite gradients")
+    grads[2][5] = float("inf")
+    amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, masters], 1.0)
+    if int(noop.item()) == 0:
+        raise RuntimeError("multi_tensor_scale did not flag an inf gradient")
+    return out
+
+
+def fused_kernel_check(apex_dir: Path | str, device: torch.device | str) -> dict:
+    """Can the legacy amp run on the modern build's ``amp_C``? The kernels its source calls
+    (:func:`legacy_kernel_calls`) must all exist there, and the scaler's kernels must give
+    PyTorch's results (:func:`_kernel_errors`); ``ok`` and, when not, ``why`` in one line."""
+    device = torch.device(device)
+    result: dict = {"ok": False, "calls": legacy_kernel_calls(apex_dir), "missing": [],
+                    "max_abs_error": {}, "why": ""}
+    try:
+        amp_c = importlib.import_module("amp_C")
+    except Exception as exc:
+        result["why"] = f"the modern amp_C does not import: {errors.one_line(exc, 200)}"
+        return result
+    result["missing"] = [n for n in result["calls"] if not hasattr(amp_c, n)]
+    if result["missing"]:
+        result["why"] = f"the modern amp_C lacks {', '.join(result['missing'])}"
+        return result
+    if device.type != "cuda":
+        result["why"] = "the fused kernels need a CUDA GPU"
+        return result
+    try:
+        result["max_abs_error"] = _kernel_errors(amp_c, device, result["calls"])
+    except Exception as exc:
+        result["why"] = f"a kernel call failed: {errors.one_line(exc, 200)}"
+        return result
+    worst = max(result["max_abs_error"].values(), default=0.0)
+    result["ok"] = worst <= 1e-6
+    if not result["ok"]:
+        result["why"] = f"the kernels differ from PyTorch by up to {worst:.3g}"
+    return result
 
 
 def _originals() -> dict[str, object]:
@@ -546,6 +692,11 @@ class _HideModules(importlib.abc.MetaPathFinder):
         return None
 
 
+def fused_label(opt_level: str) -> str:
+    """The name of a legacy run with the modern build's fused kernels, e.g. 'O1 fused'."""
+    return f"{opt_level} fused"
+
+
 def o3_label(eps: float) -> str:
     """The name of an O3 run with Adam's eps raised to ``eps``, e.g. 'O3 eps=0.001'."""
     return f"O3 eps={eps:g}"
@@ -570,8 +721,8 @@ def check_eps(values) -> tuple[float, ...]:
 def plan_problem(plan: dict) -> str:
     """'' when the child can run ``plan``, else the one sentence why not: an unknown opt level,
     an eps outside (0, 1)."""
-    bad = [lvl for lvl in plan.get("levels", []) + plan.get("overflow_levels", [])
-           if lvl not in OPT_LEVELS]
+    bad = [lvl for key in ("levels", "overflow_levels", "fused_levels", "timed_levels")
+           for lvl in plan.get(key, []) if lvl not in OPT_LEVELS]
     if bad:
         return f"unknown opt level {', '.join(bad)}: use {', '.join(OPT_LEVELS)}"
     try:
@@ -591,13 +742,17 @@ class Child:
         self.levels = list(plan.get("levels", []))
         self.o3_eps = [float(e) for e in plan.get("o3_eps", [])]
         self.overflow_levels = list(plan.get("overflow_levels", []))
+        self.fused_levels = list(plan.get("fused_levels", []))
+        self.timed_levels = list(plan.get("timed_levels", []))
+        self.fused_ok = False
         self.out = out
         self.start = time.perf_counter()
         self.import_error = ""
         self.payload: dict = {"meta": {"python": sys.version.split()[0],
                                        "torch": torch.__version__, "device": self.device.type,
                                        "plan": plan, "pid": os.getpid()},
-                              "runs": [], "overflow": [], "levels": {}, "import_error": ""}
+                              "runs": [], "overflow": [], "levels": {}, "import_error": "",
+                              "rounds": {}, "round_errors": {}}
 
     @classmethod
     def from_argv(cls, argv: list[str] | None = None) -> Child:
@@ -612,13 +767,27 @@ class Child:
     @property
     def wants_legacy(self) -> bool:
         """True when the plan asks for any legacy run."""
-        return bool(self.levels or self.o3_eps or self.overflow_levels)
+        return bool(self.levels or self.o3_eps or self.overflow_levels or self.fused_levels
+                    or self.timed_levels)
+
+    def _check_fused(self) -> None:
+        """Before apex is imported: may the legacy amp use the modern ``amp_C``? Recorded in
+        ``meta["fused_check"]``; only asked when the plan has fused runs."""
+        spec = importlib.util.find_spec("apex") if self.fused_levels else None
+        if spec is None or not spec.submodule_search_locations:
+            return
+        check = fused_kernel_check(list(spec.submodule_search_locations)[0], self.device)
+        self.fused_ok = bool(check["ok"])
+        self.payload["meta"]["fused_check"] = check
 
     def import_legacy_amp(self):
-        """``apex.amp`` from the legacy install (compiled kernels hidden), or None with the
-        one-line reason recorded for every planned level."""
+        """``apex.amp`` from the legacy install, or None with the one-line reason recorded for
+        every planned level. apex_C and syncbn are hidden; amp_C too unless
+        :func:`fused_kernel_check` passed (then :meth:`fused_kernels` switches it per run)."""
         try:
-            sys.meta_path.insert(0, _HideModules(COMPILED_APEX_MODULES))
+            self._check_fused()
+            hidden = COMPILED_APEX_MODULES[1:] if self.fused_ok else COMPILED_APEX_MODULES
+            sys.meta_path.insert(0, _HideModules(hidden))
             import apex
             from apex import amp
             from apex.multi_tensor_apply import multi_tensor_applier
@@ -630,22 +799,80 @@ class Child:
                                   f"install {legacy_dir}; put that folder first on PYTHONPATH")
             self.payload["meta"].update(apex_path=where,
                                         fused_kernels=bool(multi_tensor_applier.available))
+            self.fused_kernels(False)  # the plain runs as before: the Python fallback
             return amp
         except Exception as exc:
             self.import_error = self.payload["import_error"] = errors.one_line(exc, 300)
             return None
 
-    def legacy_runs(self) -> Iterator[tuple[str, str, float]]:
-        """(label, opt level, Adam eps) of every planned legacy run: O0-O3 as asked, then O3
-        once per ``o3_eps``. After a failed import, each is recorded as failed instead."""
-        plan = [(lvl, lvl, self.cfg.adam_eps) for lvl in self.levels]
-        plan += [(o3_label(e), "O3", e) for e in self.o3_eps]
-        for label, level, eps in plan:
+    def fused_kernels(self, on: bool) -> bool:
+        """Let the legacy amp built next use the fused kernels (``on`` and the check passed)
+        or its Python fallback: legacy amp reads ``MultiTensorApply.available`` when a run is
+        built and at every step, so set it before ``amp.initialize``; returns the setting."""
+        from apex.multi_tensor_apply import multi_tensor_applier
+
+        kind = type(multi_tensor_applier)
+        kind.available = bool(on and self.fused_ok)
+        if not kind.available and not hasattr(kind, "import_err"):
+            kind.import_err = ImportError("the fused kernels are switched off for this run")
+        return kind.available
+
+    @staticmethod
+    def fused_in_use() -> bool:
+        """True when the run just built scales its gradients with the fused kernels."""
+        from apex.multi_tensor_apply import multi_tensor_applier
+
+        scaler = sys.modules.get("apex.amp.scaler")
+        return bool(multi_tensor_applier.available) and bool(
+            getattr(getattr(scaler, "LossScaler", None), "has_fused_kernel", True))
+
+    def legacy_runs(self) -> Iterator[tuple[str, str, float, bool]]:
+        """(label, opt level, Adam eps, fused kernels) of every planned legacy run: O0-O3 as
+        asked (without the fused kernels), O3 once per ``o3_eps``, then the ``fused_levels``
+        with them (only when the check passed). After a failed import, each is recorded as
+        failed instead."""
+        plan = [(lvl, lvl, self.cfg.adam_eps, False) for lvl in self.levels]
+        plan += [(o3_label(e), "O3", e, False) for e in self.o3_eps]
+        if self.fused_ok or self.import_error:
+            plan += [(fused_label(lvl), lvl, self.cfg.adam_eps, True)
+                     for lvl in self.fused_levels]
+        for label, level, eps, fused in plan:
             if self.import_error:
                 self.runs_append(failed_run(f"apex.amp {label}", "apex.amp (legacy)", label,
                                             self.import_error, self.device.type))
             else:
-                yield label, level, eps
+                yield label, level, eps, fused
+
+    def time_rounds(self, build: Callable[[str], tuple], step: Callable) -> None:
+        """Section 7's step times: each of ``timed_levels`` (and, when the check passed, each
+        of ``fused_levels`` with the fused kernels) built fresh with ``build(opt_level)`` once
+        per round, ``step(model, optimizer, x, y)`` timed in interleaved rounds
+        (:func:`rounds_of`), amp reset after each; into ``payload["rounds"]``."""
+        if self.import_error:
+            return
+        wanted = [(lvl, False) for lvl in self.timed_levels]
+        wanted += [(lvl, True) for lvl in self.fused_levels if self.fused_ok]
+        batches = make_batches(self.cfg, self.device)
+
+        def candidate(level: str, fused: bool):
+            @contextlib.contextmanager
+            def fresh():
+                self.fused_kernels(fused)
+                try:
+                    model, optimizer = build(level)
+                    yield stepper(lambda: (model, optimizer, None),
+                                  lambda m, o, _s, x, y: step(m, o, x, y), batches)
+                finally:
+                    reset_amp()
+            return fresh
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rounds, failed = rounds_of(
+                {f"apex.amp {fused_label(lvl) if fused else lvl}": candidate(lvl, fused)
+                 for lvl, fused in wanted},
+                rounds=self.cfg.rounds, repeats=self.cfg.round_steps, device=self.device)
+        self.payload["rounds"], self.payload["round_errors"] = rounds, failed
 
     def overflow_runs(self) -> Iterator[str]:
         """The opt levels to force an overflow under (none after a failed import)."""
@@ -661,14 +888,18 @@ class Child:
         self.payload["runs"].append(run.to_dict())
 
     @contextlib.contextmanager
-    def level(self, label: str, opt_level: str, eps: float) -> Iterator[dict]:
-        """One legacy run: yields a dict for what amp reported (put the run under ``"run"``);
-        warnings are recorded, a failure becomes a one-line failed run, amp is reset after."""
+    def level(self, label: str, opt_level: str, eps: float, fused: bool = False
+              ) -> Iterator[dict]:
+        """One legacy run, with or without the fused kernels: yields a dict for what amp
+        reported (put the run under ``"run"``); warnings are recorded, a failure becomes a
+        one-line failed run, amp is reset after."""
         info: dict = {"opt_level": opt_level, "adam_eps": eps}
+        self.fused_kernels(fused)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 yield info
+                info["fused_kernels"] = self.fused_in_use()
             except torch.cuda.OutOfMemoryError:
                 info["error"] = ("out of GPU memory at these sizes: give TrainConfig a smaller "
                                  "batch or hidden in section 3 (or free the GPU)")
@@ -680,6 +911,7 @@ class Child:
         if run is None or "error" in info:
             run = failed_run(f"apex.amp {label}", "apex.amp (legacy)", label,
                              info.get("error", "the script recorded no run"), self.device.type)
+        run.extra["fused_kernels"] = info.get("fused_kernels", False)
         self.runs_append(run)
         info["warnings"] = sorted({f"{w.category.__name__}: "
                                    f"{(str(w.message).strip().splitlines() or [''])[0][:500]}"
@@ -691,6 +923,7 @@ class Child:
         """One overflow probe: yields its row; a failure becomes the row's one-line error."""
         row = {"run": f"apex.amp {opt_level}", "api": "apex.amp (legacy)",
                "opt_level_or_recipe": opt_level}
+        self.fused_kernels(False)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
@@ -714,14 +947,16 @@ PAST_LIMIT = ("the child process ran past {timeout:.0f} s and was stopped with e
 
 def launch(script: Path | str, cfg: TrainConfig, out: Path | str, *,
            levels: tuple[str, ...] = (), o3_eps: tuple[float, ...] = (),
-           overflow_levels: tuple[str, ...] = (), legacy_dir: Path | str | None = None,
+           overflow_levels: tuple[str, ...] = (), fused_levels: tuple[str, ...] = (),
+           timed_levels: tuple[str, ...] = (), legacy_dir: Path | str | None = None,
            device: str | None = None, timeout: float = 600) -> dict:
     """Run ``script`` in a child process (:mod:`helpers.launch`) and return its JSON payload
     plus ``returncode``, ``seconds``, ``stdout`` and ``error``: '' or, when it failed, one
     sentence with its last error (then ``stderr_tail`` holds the last 20 lines it wrote to
     stderr). ``legacy_dir`` goes first on its PYTHONPATH (only when legacy runs are asked for),
     the checkout second."""
-    want_legacy = bool(levels or o3_eps or overflow_levels) and legacy_dir is not None
+    want_legacy = bool(levels or o3_eps or overflow_levels or fused_levels or timed_levels) \
+        and legacy_dir is not None
     changes = {LEGACY_DIR_VAR: str(legacy_dir) if want_legacy else None}
     if not torch.cuda.is_available():
         # On the CPU this process's idle OpenMP threads keep spinning on the same cores for a
@@ -729,7 +964,8 @@ def launch(script: Path | str, cfg: TrainConfig, out: Path | str, *,
         changes["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     env = launcher.child_env(*([legacy_dir] if want_legacy else []), **changes)
     plan = {"config": asdict(cfg), "levels": list(levels), "o3_eps": list(o3_eps),
-            "overflow_levels": list(overflow_levels),
+            "overflow_levels": list(overflow_levels), "fused_levels": list(fused_levels),
+            "timed_levels": list(timed_levels),
             "device": device or ("cuda" if torch.cuda.is_available() else "cpu")}
     child = launcher.run(launcher.python(script), plan, out, timeout=timeout, env=env,
                          past_limit=PAST_LIMIT)
