@@ -250,20 +250,25 @@ def val_loss_spread(table: pd.DataFrame) -> float:
 
 
 def loss_reading(table: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
-    """The paths' validation-loss spread read against the noise floor: '(spread X%; noise floor
-    Y%: within noise)', or '(spread X%)' without a floor."""
+    """The paths' validation-loss spread read against the yardstick of "do two numerics learn
+    the same?" (the other seeds' spread, :func:`helpers.verdicts.yardstick`): '(spread X%;
+    other seeds Y%: within noise)', or '(spread X%)' without a noise measurement."""
     spread = val_loss_spread(table)
     if noise is None:
         return f"spread {spread:.2%}"
-    return (f"spread {spread:.2%}; noise floor {noise.floor:.2%}: "
-            f"{verdicts.noise_reading(spread, noise.floor)}")
+    scale, name = verdicts.yardstick(noise, "numerics")
+    if not math.isfinite(scale):
+        return f"spread {spread:.2%}; {name} not measured"
+    word = "beyond noise" if verdicts.beyond_noise(spread, scale) else "within noise"
+    return f"spread {spread:.2%}; {name} {scale:.2%}: {word}"
 
 
 def targets(table: pd.DataFrame, goals: Targets, roles: Roles, *, applies: bool,
             noise: verdicts.NoiseFloor | None = None) -> pd.DataFrame:
     """One row per goal of ``goals``: the ``target``, what this run ``measured`` and the
-    ``reading`` - "met", "MISSED", "not measured here" or, for the loss target, "cannot be told
-    apart" when the spread is within the noise floor measured in the same run (``noise``).
+    ``reading`` - "met", "MISSED" or "not measured here"; the loss target is read against the
+    other seeds' spread measured in the same run (``noise``, :func:`helpers.verdicts.
+    target_verdict`): "met", "MISSED" or "undecided" when a re-run could land on either side.
     ``applies``: whether this run is one the goals are set for; where it is not, every reading
     is "not evaluated" and the measured column still shows this run's numbers. The Apex path's
     speedup is the table's ``speedup_vs_fp32`` (``gpt.paths_table`` with
@@ -302,12 +307,11 @@ def targets(table: pd.DataFrame, goals: Targets, roles: Roles, *, applies: bool,
     spread = val_loss_spread(table)
     if math.isnan(spread):
         add(loss_goal, "-", None)
-    else:
-        met = spread <= goals.val_loss
-        within = noise is not None and not verdicts.beyond_noise(spread, noise.floor)
-        add(loss_goal, loss_reading(table, noise), met,
-            ("met; " if met else "MISSED; ") + "the paths cannot be told apart (within noise)"
-            if within else None)
+    else:  # the target read against the other seeds' spread: within, beyond or undecided
+        scale, _ = verdicts.yardstick(noise, "numerics")
+        word = verdicts.target_verdict(spread, scale, goals.val_loss)
+        add(loss_goal, loss_reading(table, noise), None,
+            {"within": "met", "beyond": "MISSED"}.get(word, word))
     return pd.DataFrame(rows, columns=["target", "measured", "reading"])
 
 
@@ -440,3 +444,117 @@ def summary(table: pd.DataFrame, roles: Roles, *, where: str, tokens_per_step: i
                    f"faster than path {native}")
         lines.append(f"torch.compile took {rc['compile_s']:.1f} s, {payback}.")
     return " ".join(lines)
+
+
+# ------------------------------------------------------------------ the yardsticks
+def yardsticks_table(noise: verdicts.NoiseFloor) -> pd.DataFrame:
+    """One row per question a loss difference answers (:data:`helpers.verdicts.QUESTIONS`):
+    the yardstick it is read against, how many runs measured it, and its spread (percent of
+    the baseline's loss; NaN where it was not measured)."""
+    runs = {"repeat": len(noise.same_seed), "numerics": len(noise.seeds)}
+    rows = []
+    for question in verdicts.QUESTIONS:
+        scale, name = verdicts.yardstick(noise, question)
+        rows.append({"question": question, "yardstick": name, "runs": runs[question],
+                     "spread_pct": 100 * scale,
+                     "beyond_at_pct": 100 * verdicts.NOISE_FACTOR * scale})
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------ the norm a step pays for
+MEASURES = {"gpu": "standalone, GPU time", "call": "standalone, host included",
+            "step": "in the training step (profile)"}
+
+
+def norm_choice(gpu_rounds: dict[str, list[float]], call_rounds: dict[str, list[float]],
+                baseline: str) -> pd.DataFrame:
+    """One row per norm timed in interleaved rounds two ways (name -> each round's median, ms):
+    ``gpu`` with the GPU's work alone (the host queued ahead, as in a busy training step) and
+    ``call`` with the host's time to issue it included; each with its stability flag and its
+    verdict against ``baseline`` (:func:`helpers.verdicts.label` of
+    :func:`helpers.verdicts.rounds_table`: 'faster 1.13x' is the baseline's time over this
+    one's)."""
+    rows = []
+    for how, rounds in (("gpu", gpu_rounds), ("call", call_rounds)):
+        stable = verdicts.round_stability(rounds).set_index("candidate")
+        pairs = verdicts.rounds_table(rounds, [(n, baseline) for n in rounds if n != baseline])
+        labels = dict(zip(pairs["candidate"], pairs["label"], strict=True))
+        for name in rounds:
+            rows.append({"norm": name, "how": how, "ms": float(stable.loc[name, "median_ms"]),
+                         "stable": bool(stable.loc[name, "stable"]),
+                         "vs_baseline": "baseline" if name == baseline else labels[name]})
+    long = pd.DataFrame(rows)
+    wide = long.pivot(index="norm", columns="how", values=["ms", "stable", "vs_baseline"])
+    wide.columns = [f"{how}_{what}" for what, how in wide.columns]
+    wide = wide.reindex(list(gpu_rounds)).reset_index()
+    wide = wide.astype({"gpu_ms": float, "call_ms": float, "gpu_stable": bool,
+                        "call_stable": bool})
+    return wide[
+        ["norm", "gpu_ms", "gpu_vs_baseline", "gpu_stable", "call_ms", "call_vs_baseline",
+         "call_stable"]]
+
+
+def pick_norm(gpu_rounds: dict[str, list[float]], call_rounds: dict[str, list[float]],
+              among: list[str]) -> str:
+    """The norm among ``among`` a GPU-bound step pays least for: the lowest GPU time by the
+    rounds' rule (:func:`helpers.verdicts.fastest_by_rounds`), and among those it cannot tell
+    apart, the lowest time with the host included (the host's cost then breaks the tie)."""
+    best, tied = verdicts.fastest_by_rounds({n: gpu_rounds[n] for n in among})
+    return min([best, *tied], key=lambda n: sorted(call_rounds[n])[len(call_rounds[n]) // 2])
+
+
+def norm_in_step(choice: pd.DataFrame, breakdown: pd.DataFrame, paths: dict[str, str],
+                 calls: int) -> pd.DataFrame:
+    """The two norms of ``paths`` (norm name -> the path that ran it; the first is the
+    baseline) side by side, one row per measure (:data:`MEASURES`): the standalone GPU time and
+    host-included time per forward + backward call (:func:`norm_choice`), and what the step
+    paid - the breakdown's norm kernels per step over the ``calls`` norm calls of a step. The
+    step's row ``decides`` (it is what a training step pays); ``agrees_with_step`` says whether
+    a standalone figure ranks the two as the step does (a tie counts as its own ranking)."""
+    (a, path_a), (b, path_b) = list(paths.items())[:2]
+    by_norm = choice.set_index("norm")
+    steps = breakdown.set_index("path") if not breakdown.empty else breakdown
+    rows = []
+    for how in ("gpu", "call"):
+        rows.append({"measure": MEASURES[how], f"{a}_ms": float(by_norm.loc[a, f"{how}_ms"]),
+                     f"{b}_ms": float(by_norm.loc[b, f"{how}_ms"]),
+                     f"{b}_vs_{a}": by_norm.loc[b, f"{how}_vs_baseline"]})
+    if {path_a, path_b} <= set(steps.index):
+        ms_a = float(steps.loc[path_a, "norm_ms"]) / calls
+        ms_b = float(steps.loc[path_b, "norm_ms"]) / calls
+        word = verdicts.TIE_WORD if verdicts.is_tie(ms_b, ms_a) else (
+            "faster" if ms_b < ms_a else "slower")
+        rows.append({"measure": MEASURES["step"], f"{a}_ms": ms_a, f"{b}_ms": ms_b,
+                     f"{b}_vs_{a}": verdicts.label(word, ms_a / ms_b)})
+    table = pd.DataFrame(rows)
+    step = table[f"{b}_vs_{a}"].iloc[-1].split()[0] if len(rows) == 3 else None
+    table["decides"] = table["measure"] == MEASURES["step"]
+    table["agrees_with_step"] = [None if step is None or d else v.split()[0] == step
+                                 for v, d in zip(table[f"{b}_vs_{a}"], table["decides"],
+                                                 strict=True)]
+    return table
+
+
+# ------------------------------------------------------------------ where a precision's gain lands
+def category_shares(breakdown: pd.DataFrame, paths: list[str]) -> pd.DataFrame:
+    """For ``paths`` (the first is the reference), each one's step split into the parameter
+    matmuls, attention and the rest (every other kernel category and the idle GPU), in ms and
+    in percent of its step, and each part's time in the reference over its time in the path
+    (``*_x``: 2.0 = that part took half as long). Read from the breakdown table."""
+    rows = breakdown.set_index("path")
+    present = [p for p in paths if p in rows.index]
+    out = []
+    for p in present:
+        r = rows.loc[p]
+        parts = {"matmul": float(r["matmul_ms"]), "attention": float(r["attention_ms"])}
+        parts["rest"] = float(r["step_ms"]) - sum(parts.values())
+        row = {"path": p, "label": r["label"], "step_ms": float(r["step_ms"])}
+        for name, ms in parts.items():
+            row[f"{name}_ms"] = ms
+            row[f"{name}_pct"] = 100 * ms / float(r["step_ms"])
+        out.append(row)
+    table = pd.DataFrame(out)
+    if not table.empty:
+        for name in ("matmul", "attention", "rest", "step"):
+            table[f"{name}_x"] = table[f"{name}_ms"].iloc[0] / table[f"{name}_ms"]
+    return table
