@@ -8,16 +8,18 @@
 - the script's side (it reads its plan with ``launch.read_plan``): the gathered parameters,
   their checksums, the bytes each rank holds, a timed all-reduce, what it ran on;
 - the equivalence check of a distributed run against one process (:func:`compare`);
-- the noise floor: the baseline trained again in the same launch (same seed, and one other
-  seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
-  verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
+- the noise: the baseline trained again in the same launch (same seed: does it repeat itself?;
+  other seeds: the yardstick of the wrappers' loss differences), each difference read against
+  the yardstick of its question (:func:`noise_table`), where a run parts from its reference step
+  by step (:func:`divergence_table`), and the timing sentences that refuse a verdict where a
+  spread is too wide (:func:`spread_sentence`);
 - the tables and the chart of the memory and communication model (its formulas are the
   notebook's cells, passed in), the link's datasheet figure, notebook 05's step time
   (:func:`compute_from_05`, on the table the notebook read);
-- the interleaved timing rounds of the wrappers' cost: when it has settled, its spread and
-  drift (:func:`settled`, :func:`rounds_table`, :func:`rounds_sentence`);
-- Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
-  with ``ast``, never imported) and in this torch.
+- the interleaved timing rounds of the wrappers' cost: the stop rule (:func:`settled`) and one
+  row per wrapper with its own flags and its verdict against the baseline (:func:`rounds_table`);
+- Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source where
+  it is on disk (parsed with ``ast``, never imported) and in this torch.
 
 Why this module is longer than a chapter's usual ~400 lines: each of these parts is notebook
 07's alone (nothing here is imported by another notebook or chapter), and a chapter is one
