@@ -8,16 +8,18 @@
 - the script's side (it reads its plan with ``launch.read_plan``): the gathered parameters,
   their checksums, the bytes each rank holds, a timed all-reduce, what it ran on;
 - the equivalence check of a distributed run against one process (:func:`compare`);
-- the noise floor: the baseline trained again in the same launch (same seed, and one other
-  seed), the wrappers' loss differences read against it, and the timing sentences that refuse a
-  verdict where a spread is too wide (:func:`noise_table`, :func:`spread_sentence`);
+- the noise: the baseline trained again in the same launch (same seed: does it repeat itself?;
+  other seeds: the yardstick of the wrappers' loss differences), each difference read against
+  the yardstick of its question (:func:`noise_table`), where a run parts from its reference step
+  by step (:func:`divergence_table`), and the timing sentences that refuse a verdict where a
+  spread is too wide (:func:`spread_sentence`);
 - the tables and the chart of the memory and communication model (its formulas are the
   notebook's cells, passed in), the link's datasheet figure, notebook 05's step time
   (:func:`compute_from_05`, on the table the notebook read);
-- the interleaved timing rounds of the wrappers' cost: when it has settled, its spread and
-  drift (:func:`settled`, :func:`rounds_table`, :func:`rounds_sentence`);
-- Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source (parsed
-  with ``ast``, never imported) and in this torch.
+- the interleaved timing rounds of the wrappers' cost: the stop rule (:func:`settled`) and one
+  row per wrapper with its own flags and its verdict against the baseline (:func:`rounds_table`);
+- Apex's distributed pieces and their PyTorch counterparts, checked in the legacy source where
+  it is on disk (parsed with ``ast``, never imported) and in this torch.
 
 Why this module is longer than a chapter's usual ~400 lines: each of these parts is notebook
 07's alone (nothing here is imported by another notebook or chapter), and a chapter is one
@@ -36,6 +38,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -241,34 +244,33 @@ def wrapper_of(variant: str) -> str:
     return variant.split(" (", 1)[0]
 
 
-def noise_variants(repeats: int, seed: int, other_seed: int | None = None,
+def noise_variants(repeats: int, seed: int, other_seed: int | Sequence[int] | None = None,
                    baseline: str = "plain") -> dict[str, int]:
     """The extra runs of ``baseline`` for its noise floor, each name with its seed: ``repeats``
-    runs with ``seed``, then one with ``other_seed`` (None: none)."""
+    runs with ``seed``, then one per other seed (``other_seed``: one seed, several, or None)."""
     if repeats < 1:
         raise ValueError(f"a noise floor needs at least 1 repeat of {baseline}, not {repeats}")
     runs = {f"{baseline} (repeat {k})": seed for k in range(1, repeats + 1)}
-    if other_seed is not None:
-        if other_seed == seed:
-            raise ValueError(f"the other seed ({other_seed}) is the baseline's own")
-        runs[f"{baseline} (seed {other_seed})"] = other_seed
+    others = [] if other_seed is None else (
+        [other_seed] if isinstance(other_seed, int) else list(other_seed))
+    for s in others:
+        if s == seed:
+            raise ValueError(f"the other seed ({s}) is the baseline's own")
+        runs[f"{baseline} (seed {s})"] = s
     return runs
 
 
 def _same_seed(runs: dict[str, bench.Run], baseline: str) -> tuple[list[bench.Run],
-                                                                    bench.Run | None]:
-    """The baseline and its same-seed repeats (baseline first), and its other-seed run."""
+                                                                    list[bench.Run]]:
+    """The baseline and its same-seed repeats (baseline first), and its other-seed runs."""
     base = runs[baseline]
     seed = base.extra.get("seed")
-    same, other = [base], None
+    same, others = [base], []
     for name, run in runs.items():
         if name == baseline or wrapper_of(name) != baseline:
             continue
-        if run.extra.get("seed") == seed:
-            same.append(run)
-        elif other is None:
-            other = run
-    return same, other
+        (same if run.extra.get("seed") == seed else others).append(run)
+    return same, others
 
 
 def step_diff(a: bench.Run, b: bench.Run) -> float:
@@ -286,55 +288,93 @@ def end_loss(run: bench.Run) -> float:
 
 def noise_floor(runs: dict[str, bench.Run], baseline: str = "plain"
                 ) -> tuple[verdicts.NoiseFloor, float]:
-    """The baseline's noise floor from its repeats in ``runs`` (name -> run, the script's
-    ``extra`` holding each run's seed): of the end loss (:func:`end_loss`, relative:
-    :class:`verdicts.NoiseFloor`), and of the loss at any one step (the largest per-step
-    difference between two same-seed runs, in nats)."""
-    same, other = _same_seed(runs, baseline)
+    """The baseline's noise from its runs in ``runs`` (name -> run, the script's ``extra``
+    holding each run's seed): of the end loss (:func:`end_loss`, relative:
+    :class:`verdicts.NoiseFloor`, its same-seed floor and its other seeds), and of the loss at
+    any one step (the largest per-step difference between two same-seed runs, in nats)."""
+    same, others = _same_seed(runs, baseline)
+    ends = [end_loss(r) for r in others]
     floor = verdicts.NoiseFloor(same_seed=tuple(end_loss(r) for r in same),
-                                other_seed=None if other is None else end_loss(other),
-                                what=baseline)
+                                other_seed=ends[0] if ends else None,
+                                other_seeds=tuple(ends[1:]), what=baseline)
     per_step = max(step_diff(a, b) for i, a in enumerate(same) for b in same[i + 1:])
     return floor, per_step
+
+
+def step_floors(runs: dict[str, bench.Run], baseline: str = "plain") -> list[float]:
+    """Step by step, the largest loss difference between two same-seed runs of the baseline
+    (nats): how far the machine's own noise has carried them apart by that step."""
+    same, _ = _same_seed(runs, baseline)
+    return [max(abs(x - y) for i, x in enumerate(col) for y in col[i + 1:])
+            for col in zip(*(r.losses for r in same), strict=True)]
 
 
 def noise_table(runs: dict[str, bench.Run], baseline: str = "plain",
                 compared: tuple[str, ...] = ("ddp", "fsdp2")
                 ) -> tuple[pd.DataFrame, verdicts.NoiseFloor, float]:
-    """One row per run of ``compared`` and of the baseline's own runs: its final loss, its
-    difference from the baseline's (relative) read against the floor and the course's target,
-    and its largest per-step difference (nats) read against the per-step floor. Also returns
-    the two floors."""
+    """One row per run of ``compared`` and of the baseline's own runs: its end loss and its
+    difference from the baseline's (relative), each read against the yardstick of its question
+    (:func:`verdicts.loss_table`): the baseline's same-seed repeats against the same-seed floor
+    ('does it repeat itself?'), the compared runs against the baseline's other seeds ('do they
+    learn the same?'); the other-seed runs are that yardstick. Beside them, the largest
+    per-step difference (nats) and the same-seed per-step floor, as data. Also returns the
+    two floors."""
+    import pandas as pd
+
     floor, per_step = noise_floor(runs, baseline)
+    same, others = _same_seed(runs, baseline)
     names = [n for n in runs if n in compared or wrapper_of(n) == baseline]
-    table = verdicts.loss_comparison({n: end_loss(runs[n]) for n in names}, baseline, floor)
+    losses = {n: end_loss(runs[n]) for n in names}
+    by_question = {q: verdicts.loss_table(losses, baseline, floor, question=q).set_index("run")
+                   for q in verdicts.QUESTIONS}
+    repeats = {id(r) for r in same}
+    other_ids = {id(r) for r in others}
+    rows = []
+    for n in names:
+        question = "repeat" if id(runs[n]) in repeats else "numerics"
+        row = by_question[question].loc[n].to_dict()
+        if id(runs[n]) in other_ids:
+            row["verdict"] = row["target"] = "yardstick"
+        rows.append({"run": n, "seed": runs[n].extra.get("seed"), **row})
+    table = pd.DataFrame(rows)
     if any(runs[n].extra.get("val_loss") is None for n in names):  # an older script's runs
         table = table.rename(columns={"val_loss": "final_loss"})
-    table.insert(1, "seed", [runs[n].extra.get("seed") for n in names])
-    steps = [step_diff(runs[n], runs[baseline]) for n in names]
-    table["max_step_diff"] = steps
+    table["same_seed_floor_pct"] = 100 * floor.floor
+    table["max_step_diff"] = [step_diff(runs[n], runs[baseline]) for n in names]
     table["step_floor"] = per_step
-    table["step_reading"] = ["baseline" if n == baseline else verdicts.noise_reading(d, per_step)
-                             for n, d in zip(names, steps, strict=True)]
     return table, floor, per_step
 
 
-def _relative(x: float) -> str:
-    """A relative difference as a signed percentage, one too small for 3 decimals in e-form."""
-    return f"{x:+.3%}" if x == 0 or abs(x) >= 5e-6 or x != x else f"{100 * x:+.1e}%"
+def divergence_table(runs: dict[str, bench.Run], pairs: Sequence[tuple[str, str]],
+                     baseline: str = "plain", factor: float = verdicts.NOISE_FACTOR
+                     ) -> pd.DataFrame:
+    """Where two runs of the same seed part, step by step: for each (run, reference) in
+    ``pairs``, the loss difference at step 0 (the same weights and batch: the forward alone),
+    the first step whose difference exceeds ``factor`` x the baseline's same-seed difference at
+    that step (:func:`step_floors`; -1: none), the largest per-step difference and its step, the
+    end-loss difference (relative) and its verdict against the same-seed floor (the question
+    'does it repeat its reference?': :func:`verdicts.loss_verdict`)."""
+    import pandas as pd
 
-
-def noise_sentence(row, against: str = "plain") -> str:
-    """One sentence for a row of :func:`noise_table`: the final-loss difference and the
-    largest per-step one, each against its floor, and the course's 2% target."""
-    target = ("within" if row["within_target"] else "NOT within") + \
-        f" the {verdicts.LOSS_TOLERANCE:.0%} target"
-    floor, step = row["noise_floor_pct"] / 100, row["step_floor"]
-    what = "validation loss" if "val_loss" in row else "final loss"
-    return (f"{row['run']} vs {against}: {what} {_relative(row['diff_pct'] / 100)} - "
-            f"{row['reading']}" + (f" (floor {floor:.3%})" if floor else "") +
-            f"; largest per-step difference {row['max_step_diff']:.1e} nats - "
-            f"{row['step_reading']}" + (f" (floor {step:.1e})" if step else "") + f"; {target}")
+    floors = step_floors(runs, baseline)
+    floor, _ = noise_floor(runs, baseline)
+    scale, name = verdicts.yardstick(floor, "repeat")
+    rows = []
+    for run, ref in pairs:
+        if run not in runs or ref not in runs:
+            continue
+        diffs = [abs(x - y) for x, y in zip(runs[run].losses, runs[ref].losses, strict=True)]
+        beyond = [i for i, (d, f) in enumerate(zip(diffs, floors, strict=True)) if d > factor * f]
+        worst = max(range(len(diffs)), key=diffs.__getitem__)
+        end = end_loss(runs[run]) / end_loss(runs[ref]) - 1
+        rows.append({"run": run, "vs": ref, "step0_diff": diffs[0],
+                     "first_step_beyond_floor": beyond[0] if beyond else -1,
+                     "max_step_diff": diffs[worst], "max_at_step": worst,
+                     "end_diff_pct": 100 * end, "yardstick": name, "yardstick_pct": 100 * scale,
+                     "verdict": verdicts.loss_verdict(end, scale, factor)})
+    return pd.DataFrame(rows, columns=["run", "vs", "step0_diff", "first_step_beyond_floor",
+                                       "max_step_diff", "max_at_step", "end_diff_pct",
+                                       "yardstick", "yardstick_pct", "verdict"])
 
 
 def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_step: float
@@ -347,6 +387,7 @@ def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_st
                             "grad_norms": r.extra.get("grad_norms")}
                      for name, r in runs.items()},
             "noise_floor": {"same_seed": list(floor.same_seed), "other_seed": floor.other_seed,
+                            "other_seeds": list(floor.other_seeds),
                             "floor": floor.floor, "seed_spread": floor.seed_spread,
                             "per_step_floor_nats": per_step, "described": floor.describe()},
             "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)",
@@ -606,19 +647,30 @@ APEX_MAP: list[dict] = [
 ]
 
 
-def legacy_apex_source() -> tuple[Path | None, str]:
-    """The folder holding the legacy ``apex`` package (the legacy install, else
-    ``$APEX_LEGACY_SRC``), and what it is; (None, why not) when neither has apex/parallel."""
-    candidates = [(machine.legacy_amp_dir(), "the legacy install")]
+def legacy_apex_places() -> list[tuple[Path, str]]:
+    """Where the legacy Apex source may be, in order: the legacy install (``build_apex.sh
+    --legacy-amp``), ``$APEX_LEGACY_SRC`` (a local legacy source folder, as build_apex.sh reads
+    it) and the source build_apex.sh staged for that install (``$APEX_WORKDIR/src/apex-legacy``,
+    ``.apex/src/apex-legacy`` by default)."""
+    places = [(machine.legacy_amp_dir(), "the legacy install")]
     if os.environ.get("APEX_LEGACY_SRC"):
-        candidates.append((Path(os.environ["APEX_LEGACY_SRC"]), "APEX_LEGACY_SRC"))
-    for root, what in candidates:
+        places.append((Path(os.environ["APEX_LEGACY_SRC"]), "APEX_LEGACY_SRC"))
+    places.append((machine.apex_workdir() / "src" / "apex-legacy",
+                   "the legacy source build_apex.sh staged"))
+    return places
+
+
+def legacy_apex_source() -> tuple[Path | None, str]:
+    """The folder holding the legacy ``apex`` package (:func:`legacy_apex_places`, the first
+    with apex/parallel/distributed.py) and what it is; (None, why not) when none has it."""
+    places = legacy_apex_places()
+    for root, what in places:
         if (root / "apex" / "parallel" / "distributed.py").is_file():
             return root, f"{what} ({root})"
-    return None, (f"no legacy Apex source here: neither the legacy install "
-                  f"({machine.legacy_amp_dir()}, ./build_apex.sh --legacy-amp) nor "
-                  "APEX_LEGACY_SRC (a legacy source tree, e.g. .apex_src/legacy/apex) holds "
-                  "apex/parallel/distributed.py")
+    looked = "; ".join(f"{what} ({root})" for root, what in places)
+    return None, (f"no legacy Apex source here: apex/parallel/distributed.py is in none of "
+                  f"{looked} - ./build_apex.sh --legacy-amp stages it, or set APEX_LEGACY_SRC "
+                  "to a legacy source folder")
 
 
 def _parse(path: Path) -> ast.Module:
@@ -738,73 +790,53 @@ def round_overheads(rounds: dict[str, list[float]], baseline: str = "plain"
             for name, times in rounds.items() if name != baseline}
 
 
+def settled_each(rounds: dict[str, list[float]], baseline: str = "plain",
+                 last: int = SETTLE_ROUNDS, tie: float = verdicts.TIE_FRACTION
+                 ) -> dict[str, bool]:
+    """Each wrapper's own flag: its per-round overhead (:func:`round_overheads`) has varied by
+    at most ``tie`` (the tie rule's 3%) over the last ``last`` rounds."""
+    if len(rounds[baseline]) < last:
+        return dict.fromkeys((n for n in rounds if n != baseline), False)
+    return {name: max(o[-last:]) - min(o[-last:]) <= tie
+            for name, o in round_overheads(rounds, baseline).items()}
+
+
 def settled(rounds: dict[str, list[float]], baseline: str = "plain",
             last: int = SETTLE_ROUNDS, tie: float = verdicts.TIE_FRACTION) -> bool:
-    """True once every wrapper's per-round overhead (:func:`round_overheads`) has varied by at
-    most ``tie`` (the tie rule's 3%) over the last ``last`` rounds."""
-    if len(rounds[baseline]) < last:
-        return False
-    return all(max(o[-last:]) - min(o[-last:]) <= tie
-               for o in round_overheads(rounds, baseline).values())
+    """The script's stop rule: True once every wrapper has settled (:func:`settled_each`)."""
+    each = settled_each(rounds, baseline, last, tie)
+    return len(rounds[baseline]) >= last and all(each.values())
 
 
 def rounds_table(rounds: dict[str, list[float]], baseline: str = "plain") -> pd.DataFrame:
-    """One row per wrapper: its overhead over the rounds (median, quartiles, range), whether it
-    settled (the script's stop rule), whether it is stable (settled, and its IQR over all rounds
-    within the tie rule's 3 points), the change of its overhead from the first round to the last,
-    and the drifts of its step time and the baseline's (last round over first, minus 1)."""
+    """One row per wrapper, each with its own flags: its overhead over the rounds (median,
+    quartiles, range), ``settled`` (its own last rounds within the tie rule),
+    ``stable`` (:func:`verdicts.round_stability`: its rounds range within the spread limit of
+    its median) and the verdict against the baseline in the same rounds
+    (:func:`verdicts.rounds_table`: faster/slower only when every round agrees beyond the tie
+    rule) with its compact ``label``; and the drifts of its step time and the baseline's
+    (last round over first, minus 1)."""
     import pandas as pd
 
     base = rounds[baseline]
-    done = settled(rounds, baseline)
+    done = settled_each(rounds, baseline)
+    stability = verdicts.round_stability(rounds).set_index("candidate")
+    pairs = verdicts.rounds_table(rounds, [(n, baseline) for n in rounds if n != baseline]
+                                  ).set_index("candidate")
     rows = []
     for name, o in round_overheads(rounds, baseline).items():
         s = pd.Series(o)
-        q1, q3 = 100 * s.quantile(0.25), 100 * s.quantile(0.75)
         rows.append({"variant": name, "rounds": len(o), "overhead_pct": 100 * s.median(),
-                     "q1_pct": q1, "q3_pct": q3,
+                     "q1_pct": 100 * s.quantile(0.25), "q3_pct": 100 * s.quantile(0.75),
                      "min_pct": 100 * s.min(), "max_pct": 100 * s.max(),
-                     "last_rounds_range_pct": 100 * (max(o[-SETTLE_ROUNDS:])
-                                                     - min(o[-SETTLE_ROUNDS:])),
-                     "settled": done,
-                     "stable": bool(done and q3 - q1 <= 100 * verdicts.TIE_FRACTION),
-                     "overhead_change_pts": 100 * (o[-1] - o[0]),
+                     "settled": bool(done[name]),
+                     "range_pct": float(stability.loc[name, "range_pct"]),
+                     "stable": bool(stability.loc[name, "stable"]),
+                     "verdict": pairs.loc[name, "verdict"], "label": pairs.loc[name, "label"],
+                     "why": pairs.loc[name, "why"],
                      "own_drift_pct": 100 * (rounds[name][-1] / rounds[name][0] - 1),
                      "baseline_drift_pct": 100 * (base[-1] / base[0] - 1)})
     return pd.DataFrame(rows)
-
-
-def rounds_sentence(row) -> str:
-    """One sentence for a row of :func:`rounds_table`: a stable cost with its spread over the
-    rounds and the tie rule's reading; an unstable one (not settled, or an IQR over the rounds
-    wider than the tie rule's 3 points) with its range, its IQR and the drift measured."""
-    tie = 100 * verdicts.TIE_FRACTION
-    head = (f"{row['variant']}: {row['overhead_pct']:+.1f}% over {row['rounds']} interleaved "
-            f"rounds (IQR {row['q1_pct']:+.1f}% to {row['q3_pct']:+.1f}%)")
-    if row["stable"]:
-        if -tie < row["q1_pct"] and row["q3_pct"] < tie:
-            reading = f"a tie with plain: its IQR inside the tie rule's {tie:.0f}%"
-        elif row["q1_pct"] >= tie or row["q3_pct"] <= -tie:
-            reading = (f"{'slower' if row['q1_pct'] > 0 else 'faster'} than plain beyond the "
-                       f"tie rule's {tie:.0f}%")
-        else:
-            reading = f"its IQR straddles the tie rule's {tie:.0f}%: not told apart from plain"
-        return (f"{head}, stable: the last {SETTLE_ROUNDS} rounds within "
-                f"{row['last_rounds_range_pct']:.1f} points; {reading}")
-    every = (f"; above plain's step by more than {tie:.0f}% in every round" if row["min_pct"] > tie
-             else f"; below plain's step by more than {tie:.0f}% in every round"
-             if row["max_pct"] < -tie else "")
-    return (f"{head}, unstable on this run: its rounds ranged {row['min_pct']:+.1f}% to "
-            f"{row['max_pct']:+.1f}% (the last {min(SETTLE_ROUNDS, row['rounds'])} within "
-            f"{row['last_rounds_range_pct']:.1f} points), first round to last its cost moved "
-            f"{row['overhead_change_pts']:+.1f} points, its step time {row['own_drift_pct']:+.1f}%"
-            f" and plain's {row['baseline_drift_pct']:+.1f}%{every}")
-
-
-def rounds_by_variant(table: pd.DataFrame | None) -> dict[str, str]:
-    """Each wrapper's :func:`rounds_sentence` (none without a rounds table), for the summary."""
-    return {} if table is None else {r["variant"]: rounds_sentence(r)
-                                     for r in table.to_dict("records")}
 
 
 # ------------------------------------------------------------------ what Dynamo compiled
