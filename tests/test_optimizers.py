@@ -112,26 +112,30 @@ def test_step_bytes_follow_the_state_dtype():
 
 
 def _timing(label, ms, bytes_per_step=28_000_000):
-    return bench.Timing(label=label, samples_ms=[ms * 0.99, ms, ms * 1.01], device="cpu",
-                        meta={"bytes_per_step": bytes_per_step})
+    """One candidate's rounds (name -> [Timing]), three rounds around ``ms``."""
+    return {label: [bench.Timing(label=label, samples_ms=[m * 0.99, m, m * 1.01], device="cpu",
+                                 meta={"bytes_per_step": bytes_per_step, "round": k})
+                    for k, m in enumerate([ms * 0.99, ms, ms * 1.01])]}
 
 
 def test_step_table_bandwidth_and_speedups():
-    table = chapter.step_table([_timing("for-loop", 10.0), _timing("foreach", 5.0),
-                                _timing("fused", 2.0)], 1_000_000, copy_gbps=100.0)
+    table = chapter.step_table(_timing("for-loop", 10.0) | _timing("foreach", 5.0)
+                               | _timing("fused", 2.0), 1_000_000, copy_gbps=100.0)
     fused = table.set_index("candidate").loc["fused"]
     assert fused.bytes_per_param == 28
     assert fused.gbps == pytest.approx(28e6 / 2e-3 / 1e9)
     assert fused.pct_of_copy_ceiling == pytest.approx(fused.gbps)
     assert fused.speedup_vs_forloop == pytest.approx(5.0)
     assert fused.speedup_vs_foreach == pytest.approx(2.5)
-    for column in ("candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps",
+    assert fused.median_ms == pytest.approx(2.0) and fused.rounds == 3 and fused.stable
+    assert fused.round_range_pct == pytest.approx(2.0)
+    for column in ("candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps", "round_min_ms",
                    "pct_of_copy_ceiling", "speedup_vs_foreach", "speedup_vs_forloop"):
         assert column in table.columns
 
 
 def test_step_table_counts_each_candidates_own_bytes():
-    table = chapter.step_table([_timing("fused", 1.0, 14_000), _timing("apex", 1.0, 22_000)],
+    table = chapter.step_table(_timing("fused", 1.0, 14_000) | _timing("apex", 1.0, 22_000),
                                1000, 1.0).set_index("candidate")
     assert list(table["bytes_per_param"]) == [14, 22]
     assert table.loc["fused", "gbps"] == pytest.approx(14_000 / 1e-3 / 1e9)
@@ -140,10 +144,15 @@ def test_step_table_counts_each_candidates_own_bytes():
 
 def test_time_optimizers_times_every_factory_and_records_its_bytes():
     work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
-    timings = chapter.time_optimizers(native(), work, warmup=1, repeats=2)
-    assert [t.label for t in timings] == list(native())
-    assert all(len(t.samples_ms) == 2 for t in timings)
-    assert {t.meta["bytes_per_step"] for t in timings} == {28 * work.numel}
+    timings = chapter.time_optimizers(native(), work, warmup=1, repeats=2, rounds=3,
+                                      steps={"no-op": lambda: None})
+    assert list(timings) == [*native(), "no-op"]
+    assert all(len(ts) == 3 and all(len(t.samples_ms) == 2 for t in ts)
+               for ts in timings.values())
+    assert [t.meta["round"] for t in timings["foreach"]] == [0, 1, 2]
+    assert {t.meta["bytes_per_step"] for name in native() for t in timings[name]} == {
+        28 * work.numel}
+    assert "bytes_per_step" not in timings["no-op"][0].meta
     with pytest.raises(ValueError):
         chapter.time_optimizers(native(), work, warmup=0, repeats=2)
 
