@@ -43,17 +43,25 @@ def timing(label, median, spread=0.01, n=25):
 
 
 # ------------------------------------------------------------------ 01, section 6 and summary
-def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda"):
+def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda",
+             earlier_ms: dict | None = None):
+    """01's section 6 namespace: gap_ms = the first round, the last round, then this cell's
+    conditions; earlier_ms = section 5's timings, label -> (ms, the condition read against)."""
     n, k = 1024, 5
     flops = ceilings.matmul_flops(n, n, n) / 1e12
+    earlier = {label: (timing(label, ms, spread), against)
+               for label, (ms, against) in (earlier_ms or {}).items()}
     gap = {label: timing(label, ms, spread) for label, ms in gap_ms.items()}
     labels = list(gap)
+    gap.update({label: t for label, (t, _) in earlier.items()})
     pct = {label: ceilings.pct_of(flops / (t.median_ms * 1e-3), ceiling_tflops)
            for label, t in gap.items()}
     runs = {label: gap[label] for label in labels[2:]}
-    gap_table = pd.DataFrame({"condition": labels, "median_ms": [t.median_ms for t in gap.values()],
+    gap_table = pd.DataFrame({"condition": list(gap),
+                              "median_ms": [t.median_ms for t in gap.values()],
                               "pct_of_ceiling": list(pct.values())})
     return {"n": n, "k": k, "gap": gap, "pct": pct, "runs": runs, "first": labels[0],
+            "earlier": earlier,
             "gap_table": gap_table, "pd": pd, "display": SHOWN.append,
             "last": labels[1], "ceiling_tflops": ceiling_tflops, "ceiling_key": "bf16",
             "ceiling": {"matmul_n": n, "matmul_tflops": {"bf16": ceiling_tflops},
@@ -99,6 +107,26 @@ def test_01_reading_gives_points_when_the_ceiling_holds():
     assert versus()["L2 flush before each repeat"] == "-14.3 points against back to back"
     assert versus()["back to back"] == "-"  # the reference itself
     assert len(text.strip().splitlines()) == 2  # a table and two sentences
+
+
+def test_01_section_5s_call_is_read_against_the_same_call_timed_later():
+    # section 5's flushed call 1.618 ms, the same call in section 6 1.480 ms (the reference run)
+    gap = dict(GAP, **{"L2 flush before each repeat": 0.01480})
+    earlier = {"section 5, L2 flush (earlier)": (0.01618, "L2 flush before each repeat"),
+               "section 5, no flush (earlier)": (0.01010, "back to back")}
+    space = space_01(gap, ceiling_tflops=250.0, earlier_ms=earlier)
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    pct = space["pct"]
+    drop = pct["section 5, L2 flush (earlier)"] - pct["L2 flush before each repeat"]
+    assert drop < -4  # the same call, two shares of the ceiling: both shown, with a verdict
+    assert versus()["section 5, L2 flush (earlier)"] == (
+        f"{drop:+.1f} points against L2 flush before each repeat")
+    assert versus()["section 5, no flush (earlier)"].startswith("cannot be told apart from "
+                                                                "back to back")
+    # the reading's losses are this cell's conditions only: an earlier timing is not a condition
+    losses = text.split("what it loses beyond that: ")[1]
+    assert "section 5" not in losses and "L2 flush before each repeat" in losses
 
 
 def test_01_reading_says_at_the_ceiling_for_a_share_just_above_it():
