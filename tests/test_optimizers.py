@@ -200,27 +200,41 @@ def test_correctness_uses_the_given_tolerance():
 
 # ------------------------------------------------------------------ verdicts
 def test_comparison_flips_when_the_numbers_flip():
-    def table(apex_ms, fused_ms):
-        return chapter.step_table([_timing("foreach", 5.0), _timing("fused", fused_ms),
-                                   _timing("apex FusedAdam", apex_ms)], 1000, 1.0)
+    def rounds(apex_ms, fused_ms):
+        return bench.round_medians(_timing("foreach", 5.0) | _timing("fused", fused_ms)
+                                   | _timing("apex FusedAdam", apex_ms))
 
     pairs = [("apex FusedAdam", "fused")]
-    row = verdicts.comparison_table(table(1, 2), pairs).iloc[0]
-    assert (row.verdict, row.speedup) == ("faster", pytest.approx(2.0))
-    row = verdicts.comparison_table(table(2, 1), pairs).iloc[0]
-    assert (row.verdict, row.speedup) == ("slower", pytest.approx(0.5))
+    row = verdicts.rounds_table(rounds(1, 2), pairs).iloc[0]
+    assert (row.verdict, row.speedup, row.label) == ("faster", pytest.approx(2.0), "faster 2.00x")
+    row = verdicts.rounds_table(rounds(2, 1), pairs).iloc[0]
+    assert (row.verdict, row.speedup, row.label) == ("slower", pytest.approx(0.5), "slower 0.50x")
 
 
 def test_comparison_names_a_tie_and_skips_pairs_not_measured():
-    table = chapter.step_table([_timing("foreach", 5.0), _timing("fused", 2.0),
-                                _timing("compiled", 2.02)], 1000, 1.0)
-    got = verdicts.comparison_table(table, [("compiled", "fused"), ("apex FusedAdam", "fused"),
-                                            ("fused", "foreach")])
-    assert list(zip(got["candidate"], got["vs"], got["verdict"], strict=True)) == [
-        ("compiled", "fused", "cannot tell apart"), ("fused", "foreach", "faster")]
-    assert list(got["why"]) == ["within 3%", ""]
-    empty = verdicts.comparison_table(table, [("apex FusedAdam", "fused")])
-    assert empty.empty and "verdict" in empty.columns
+    rounds = bench.round_medians(_timing("foreach", 5.0) | _timing("fused", 2.0)
+                                 | _timing("compiled", 2.02))
+    got = verdicts.rounds_table(rounds, [("compiled", "fused"), ("apex FusedAdam", "fused"),
+                                         ("fused", "foreach")])
+    assert list(zip(got["candidate"], got["vs"], got["label"], strict=True)) == [
+        ("compiled", "fused", "tie"), ("fused", "foreach", "faster 2.50x")]
+    empty = verdicts.rounds_table(rounds, [("apex FusedAdam", "fused")])
+    assert empty.empty and "label" in empty.columns
+
+
+def test_rounds_that_disagree_are_a_tie_whatever_the_medians_say():
+    # fused's median is 10% below apex's, but apex won one round of three: no speed-up
+    rounds = {"fused": [1.0, 1.0, 1.12], "apex FusedAdam": [1.1, 1.1, 1.1]}
+    table = chapter.step_table({name: [bench.Timing(name, [ms] * 3, "cpu",
+                                                    meta={"bytes_per_step": 28_000})
+                                       for ms in ms_list] for name, ms_list in rounds.items()},
+                               1000, 1.0)
+    assert table.set_index("candidate")["stable"].all()  # each within 25% of its median
+    row = verdicts.rounds_table(rounds, [("fused", "apex FusedAdam")]).iloc[0]
+    assert row.label == "tie" and row.why.startswith("the rounds disagree")
+    rounds["fused"] = [1.0, 1.0, 1.05]  # now every round agrees: a speed-up
+    row = verdicts.rounds_table(rounds, [("fused", "apex FusedAdam")]).iloc[0]
+    assert row.label == "faster 1.10x"
 
 
 # ------------------------------------------------------------------ kernels, sweep, gotchas
