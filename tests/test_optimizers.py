@@ -157,6 +157,33 @@ def test_time_optimizers_times_every_factory_and_records_its_bytes():
         chapter.time_optimizers(native(), work, warmup=0, repeats=2)
 
 
+def test_time_optimizers_holds_one_candidates_state_at_a_time():
+    import gc
+    import weakref
+
+    live, built, most = weakref.WeakSet(), [], [0]
+
+    def tracked(factory):
+        def make(p):
+            optimizer = factory(p)
+            live.add(optimizer)
+            built.append(optimizer.__class__)
+            return optimizer
+        return make
+
+    def probe():  # a step of its own in the same rounds: how many optimizers are alive now?
+        gc.collect()
+        most[0] = max(most[0], len(live))
+
+    work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
+    cands = {name: tracked(factory) for name, factory in native().items()}
+    chapter.time_optimizers(cands, work, warmup=1, repeats=1, rounds=2, steps={"probe": probe})
+    assert most[0] == 1  # the last candidate's, never two at once
+    assert len(built) == 2 * len(cands)  # fresh in every round
+    gc.collect()
+    assert len(live) == 0  # none kept after the timing
+
+
 def test_workload_gradients_follow_the_parameter_dtype():
     model = chapter.build_model(hidden=16, blocks=1).to(torch.bfloat16)
     work = chapter.workload(list(model.parameters()))

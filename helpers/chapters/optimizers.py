@@ -163,6 +163,33 @@ def step_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
+class _OneAtATime:
+    """Step functions over ``work`` that hold one candidate's optimizer at a time: the first
+    call of a candidate (a warm-up call of :func:`helpers.bench.benchmark`, untimed) frees the
+    previous candidate's parameters and state, then builds its own on fresh parameters, so
+    interleaved rounds need the memory of one candidate, not of all of them."""
+
+    def __init__(self, optimizers: dict[str, Factory], work: Workload):
+        self.factories, self.work = optimizers, work
+        self.name: str | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.bytes: dict[str, int] = {}  # name -> the step's minimum bytes (step_bytes)
+
+    def step(self, name: str) -> Callable[[], None]:
+        def run() -> None:
+            if self.name != name:
+                self.name, self.optimizer = None, None  # free the previous one first
+                self.optimizer = self.work.prepared(self.factories[name])[1]
+                self.name = name
+            self.optimizer.step()
+            if name not in self.bytes:  # after the first step, which creates the state
+                self.bytes[name] = step_bytes(self.optimizer)
+        return run
+
+    def release(self) -> None:
+        self.name, self.optimizer = None, None
+
+
 def time_optimizers(optimizers: dict[str, Factory], work: Workload, *, warmup: int,
                     repeats: int, rounds: int = 1,
                     steps: dict[str, Callable[[], object]] | None = None
@@ -170,20 +197,23 @@ def time_optimizers(optimizers: dict[str, Factory], work: Workload, *, warmup: i
     """Time ``optimizer.step()`` of each factory's optimizer over ``work`` in ``rounds``
     interleaved rounds (:func:`helpers.bench.interleaved`: each round times every candidate
     once, ``warmup`` + ``repeats`` steps, in an order rotated by one each round), so that a
-    drift of the host or the GPU over the run falls on every candidate alike. The first round's
-    warm-up steps create the optimizer state, so its allocation is not timed. ``steps`` adds
-    step functions built elsewhere (a compiled step) to the same rounds.
+    drift of the host or the GPU over the run falls on every candidate alike. In each round a
+    candidate starts from fresh parameters and its warm-up steps create its optimizer state, so
+    neither is timed, and only one candidate's state is held at a time. ``steps`` adds step
+    functions built elsewhere (a compiled step) to the same rounds.
 
     Returns name -> one :class:`helpers.bench.Timing` per round; each timing's meta holds the
     step's minimum bytes (:func:`step_bytes`, absent for ``steps``)."""
     if warmup < 1:
         raise ValueError("warmup must be >= 1: the first step allocates the optimizer state")
-    prepared = {name: work.prepared(factory)[1] for name, factory in optimizers.items()}
-    fns = {name: optimizer.step for name, optimizer in prepared.items()} | dict(steps or {})
-    timings = bench.interleaved(fns, rounds=rounds, warmup=warmup, repeats=repeats,
-                                device=work.device)
-    for name, optimizer in prepared.items():
-        nbytes = step_bytes(optimizer)
+    held = _OneAtATime(optimizers, work)
+    fns = {name: held.step(name) for name in optimizers} | dict(steps or {})
+    try:
+        timings = bench.interleaved(fns, rounds=rounds, warmup=warmup, repeats=repeats,
+                                    device=work.device)
+    finally:
+        held.release()
+    for name, nbytes in held.bytes.items():
         for timing in timings[name]:
             timing.meta["bytes_per_step"] = nbytes
     return timings
