@@ -64,6 +64,17 @@ def course_commit() -> str | None:
     return _run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"])
 
 
+def bf16_here() -> str:
+    """What bf16 is on this device, beside the dtype the run's mixed precision uses (the
+    report's ``amp_dtype``): "native on this GPU" (compute capability 8.0+), "not native on this
+    GPU" (older: the course's mixed precision is fp16 with a GradScaler there) or "computed by
+    the CPU (no GPU)" (no bf16 units of a GPU, yet the course's mixed precision still uses it).
+    ``bf16_supported`` keeps the GPU-only flag that ``machine.bf16_supported`` returns."""
+    if not machine.cuda_available():
+        return "computed by the CPU (no GPU)"
+    return "native on this GPU" if machine.bf16_supported() else "not native on this GPU"
+
+
 def environment_report() -> dict:
     """Everything that decides what a measurement means, as a flat-ish dict."""
     report: dict = {
@@ -85,6 +96,8 @@ def environment_report() -> dict:
         "gpu_l2_mib": None,
         "driver": None,
         "bf16_supported": machine.bf16_supported(),
+        "bf16_here": bf16_here(),
+        "amp_dtype": str(machine.amp_dtype("auto")).removeprefix("torch."),
         "apex_importable": machine.apex_importable(),
         "apex_wrong": machine.wrong_apex(),
         "apex_extensions": {},
@@ -131,7 +144,9 @@ def format_report(report: dict) -> str:
     lines = [
         ("device", device),
         ("torch", f"{report['torch']} (CUDA {report['torch_cuda'] or '-'}, "
-                  f"cuDNN {report['cudnn'] or '-'}), bf16: {report['bf16_supported']}"),
+                  f"cuDNN {report['cudnn'] or '-'})"),
+        ("bf16", f"{report.get('bf16_here', '-')}; mixed precision (amp_dtype 'auto'): "
+                 f"{report.get('amp_dtype', '-')}"),
         ("apex", apex),
         ("python", f"{report['python']} on {report['platform']}, {report['cpu_count']} cores"),
         ("course", f"commit {report['course_commit'] or 'unknown'}, "

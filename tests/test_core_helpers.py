@@ -185,6 +185,24 @@ def test_environment_report_without_cuda(monkeypatch):
     json.dumps(report)  # saved with every result, so it must serialize
 
 
+def test_bf16_line_agrees_with_the_runs_mixed_precision(monkeypatch):
+    # On a CPU the course's mixed precision is bf16: the header must not say "bf16: False".
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report = environment.environment_report()
+    assert report["amp_dtype"] == "bfloat16" == str(machine.amp_dtype("auto")).split(".")[-1]
+    assert report["bf16_here"] == environment.bf16_here() and "CPU" in report["bf16_here"]
+    header = {k.strip(): v for k, v in (line.split(" : ", 1)
+                                        for line in environment.format_report(report).splitlines())}
+    assert "bf16: False" not in header["torch"] and header["bf16"].endswith(": bfloat16")
+    # A GPU below compute capability 8.0: bf16 not native, and the run's dtype is fp16.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 5))
+    assert environment.bf16_here() == "not native on this GPU"
+    assert machine.amp_dtype("auto", "cuda") is torch.float16
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert environment.bf16_here() == "native on this GPU"
+
+
 def test_report_formats_a_python_only_apex():
     report = environment.environment_report()
     report.update(cuda_available=True, gpu_name="NVIDIA H200", gpu_capability="9.0",

@@ -112,26 +112,30 @@ def test_step_bytes_follow_the_state_dtype():
 
 
 def _timing(label, ms, bytes_per_step=28_000_000):
-    return bench.Timing(label=label, samples_ms=[ms * 0.99, ms, ms * 1.01], device="cpu",
-                        meta={"bytes_per_step": bytes_per_step})
+    """One candidate's rounds (name -> [Timing]), three rounds around ``ms``."""
+    return {label: [bench.Timing(label=label, samples_ms=[m * 0.99, m, m * 1.01], device="cpu",
+                                 meta={"bytes_per_step": bytes_per_step, "round": k})
+                    for k, m in enumerate([ms * 0.99, ms, ms * 1.01])]}
 
 
 def test_step_table_bandwidth_and_speedups():
-    table = chapter.step_table([_timing("for-loop", 10.0), _timing("foreach", 5.0),
-                                _timing("fused", 2.0)], 1_000_000, copy_gbps=100.0)
+    table = chapter.step_table(_timing("for-loop", 10.0) | _timing("foreach", 5.0)
+                               | _timing("fused", 2.0), 1_000_000, copy_gbps=100.0)
     fused = table.set_index("candidate").loc["fused"]
     assert fused.bytes_per_param == 28
     assert fused.gbps == pytest.approx(28e6 / 2e-3 / 1e9)
     assert fused.pct_of_copy_ceiling == pytest.approx(fused.gbps)
     assert fused.speedup_vs_forloop == pytest.approx(5.0)
     assert fused.speedup_vs_foreach == pytest.approx(2.5)
-    for column in ("candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps",
+    assert fused.median_ms == pytest.approx(2.0) and fused.rounds == 3 and fused.stable
+    assert fused.round_range_pct == pytest.approx(2.0)
+    for column in ("candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps", "round_min_ms",
                    "pct_of_copy_ceiling", "speedup_vs_foreach", "speedup_vs_forloop"):
         assert column in table.columns
 
 
 def test_step_table_counts_each_candidates_own_bytes():
-    table = chapter.step_table([_timing("fused", 1.0, 14_000), _timing("apex", 1.0, 22_000)],
+    table = chapter.step_table(_timing("fused", 1.0, 14_000) | _timing("apex", 1.0, 22_000),
                                1000, 1.0).set_index("candidate")
     assert list(table["bytes_per_param"]) == [14, 22]
     assert table.loc["fused", "gbps"] == pytest.approx(14_000 / 1e-3 / 1e9)
@@ -140,12 +144,44 @@ def test_step_table_counts_each_candidates_own_bytes():
 
 def test_time_optimizers_times_every_factory_and_records_its_bytes():
     work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
-    timings = chapter.time_optimizers(native(), work, warmup=1, repeats=2)
-    assert [t.label for t in timings] == list(native())
-    assert all(len(t.samples_ms) == 2 for t in timings)
-    assert {t.meta["bytes_per_step"] for t in timings} == {28 * work.numel}
+    timings = chapter.time_optimizers(native(), work, warmup=1, repeats=2, rounds=3,
+                                      steps={"no-op": lambda: None})
+    assert list(timings) == [*native(), "no-op"]
+    assert all(len(ts) == 3 and all(len(t.samples_ms) == 2 for t in ts)
+               for ts in timings.values())
+    assert [t.meta["round"] for t in timings["foreach"]] == [0, 1, 2]
+    assert {t.meta["bytes_per_step"] for name in native() for t in timings[name]} == {
+        28 * work.numel}
+    assert "bytes_per_step" not in timings["no-op"][0].meta
     with pytest.raises(ValueError):
         chapter.time_optimizers(native(), work, warmup=0, repeats=2)
+
+
+def test_time_optimizers_holds_one_candidates_state_at_a_time():
+    import gc
+    import weakref
+
+    live, built, most = weakref.WeakSet(), [], [0]
+
+    def tracked(factory):
+        def make(p):
+            optimizer = factory(p)
+            live.add(optimizer)
+            built.append(optimizer.__class__)
+            return optimizer
+        return make
+
+    def probe():  # a step of its own in the same rounds: how many optimizers are alive now?
+        gc.collect()
+        most[0] = max(most[0], len(live))
+
+    work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
+    cands = {name: tracked(factory) for name, factory in native().items()}
+    chapter.time_optimizers(cands, work, warmup=1, repeats=1, rounds=2, steps={"probe": probe})
+    assert most[0] == 1  # the last candidate's, never two at once
+    assert len(built) == 2 * len(cands)  # fresh in every round
+    gc.collect()
+    assert len(live) == 0  # none kept after the timing
 
 
 def test_workload_gradients_follow_the_parameter_dtype():
@@ -191,27 +227,41 @@ def test_correctness_uses_the_given_tolerance():
 
 # ------------------------------------------------------------------ verdicts
 def test_comparison_flips_when_the_numbers_flip():
-    def table(apex_ms, fused_ms):
-        return chapter.step_table([_timing("foreach", 5.0), _timing("fused", fused_ms),
-                                   _timing("apex FusedAdam", apex_ms)], 1000, 1.0)
+    def rounds(apex_ms, fused_ms):
+        return bench.round_medians(_timing("foreach", 5.0) | _timing("fused", fused_ms)
+                                   | _timing("apex FusedAdam", apex_ms))
 
     pairs = [("apex FusedAdam", "fused")]
-    row = verdicts.comparison_table(table(1, 2), pairs).iloc[0]
-    assert (row.verdict, row.speedup) == ("faster", pytest.approx(2.0))
-    row = verdicts.comparison_table(table(2, 1), pairs).iloc[0]
-    assert (row.verdict, row.speedup) == ("slower", pytest.approx(0.5))
+    row = verdicts.rounds_table(rounds(1, 2), pairs).iloc[0]
+    assert (row.verdict, row.speedup, row.label) == ("faster", pytest.approx(2.0), "faster 2.00x")
+    row = verdicts.rounds_table(rounds(2, 1), pairs).iloc[0]
+    assert (row.verdict, row.speedup, row.label) == ("slower", pytest.approx(0.5), "slower 0.50x")
 
 
 def test_comparison_names_a_tie_and_skips_pairs_not_measured():
-    table = chapter.step_table([_timing("foreach", 5.0), _timing("fused", 2.0),
-                                _timing("compiled", 2.02)], 1000, 1.0)
-    got = verdicts.comparison_table(table, [("compiled", "fused"), ("apex FusedAdam", "fused"),
-                                            ("fused", "foreach")])
-    assert list(zip(got["candidate"], got["vs"], got["verdict"], strict=True)) == [
-        ("compiled", "fused", "cannot tell apart"), ("fused", "foreach", "faster")]
-    assert list(got["why"]) == ["within 3%", ""]
-    empty = verdicts.comparison_table(table, [("apex FusedAdam", "fused")])
-    assert empty.empty and "verdict" in empty.columns
+    rounds = bench.round_medians(_timing("foreach", 5.0) | _timing("fused", 2.0)
+                                 | _timing("compiled", 2.02))
+    got = verdicts.rounds_table(rounds, [("compiled", "fused"), ("apex FusedAdam", "fused"),
+                                         ("fused", "foreach")])
+    assert list(zip(got["candidate"], got["vs"], got["label"], strict=True)) == [
+        ("compiled", "fused", "tie"), ("fused", "foreach", "faster 2.50x")]
+    empty = verdicts.rounds_table(rounds, [("apex FusedAdam", "fused")])
+    assert empty.empty and "label" in empty.columns
+
+
+def test_rounds_that_disagree_are_a_tie_whatever_the_medians_say():
+    # fused's median is 10% below apex's, but apex won one round of three: no speed-up
+    rounds = {"fused": [1.0, 1.0, 1.12], "apex FusedAdam": [1.1, 1.1, 1.1]}
+    table = chapter.step_table({name: [bench.Timing(name, [ms] * 3, "cpu",
+                                                    meta={"bytes_per_step": 28_000})
+                                       for ms in ms_list] for name, ms_list in rounds.items()},
+                               1000, 1.0)
+    assert table.set_index("candidate")["stable"].all()  # each within 25% of its median
+    row = verdicts.rounds_table(rounds, [("fused", "apex FusedAdam")]).iloc[0]
+    assert row.label == "tie" and row.why.startswith("the rounds disagree")
+    rounds["fused"] = [1.0, 1.0, 1.05]  # now every round agrees: a speed-up
+    row = verdicts.rounds_table(rounds, [("fused", "apex FusedAdam")]).iloc[0]
+    assert row.label == "faster 1.10x"
 
 
 # ------------------------------------------------------------------ kernels, sweep, gotchas

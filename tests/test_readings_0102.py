@@ -43,17 +43,25 @@ def timing(label, median, spread=0.01, n=25):
 
 
 # ------------------------------------------------------------------ 01, section 6 and summary
-def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda"):
+def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda",
+             earlier_ms: dict | None = None):
+    """01's section 6 namespace: gap_ms = the first round, the last round, then this cell's
+    conditions; earlier_ms = section 5's timings, label -> (ms, the condition read against)."""
     n, k = 1024, 5
     flops = ceilings.matmul_flops(n, n, n) / 1e12
+    extra = {label: (timing(label, ms, spread), against)
+             for label, (ms, against) in (earlier_ms or {}).items()}
     gap = {label: timing(label, ms, spread) for label, ms in gap_ms.items()}
     labels = list(gap)
+    gap.update({label: t for label, (t, _) in extra.items()})
     pct = {label: ceilings.pct_of(flops / (t.median_ms * 1e-3), ceiling_tflops)
            for label, t in gap.items()}
     runs = {label: gap[label] for label in labels[2:]}
-    gap_table = pd.DataFrame({"condition": labels, "median_ms": [t.median_ms for t in gap.values()],
+    gap_table = pd.DataFrame({"condition": list(gap),
+                              "median_ms": [t.median_ms for t in gap.values()],
                               "pct_of_ceiling": list(pct.values())})
     return {"n": n, "k": k, "gap": gap, "pct": pct, "runs": runs, "first": labels[0],
+            "extra": extra, "earlier": [label for label in extra if label.startswith("section 5")],
             "gap_table": gap_table, "pd": pd, "display": SHOWN.append,
             "last": labels[1], "ceiling_tflops": ceiling_tflops, "ceiling_key": "bf16",
             "ceiling": {"matmul_n": n, "matmul_tflops": {"bf16": ceiling_tflops},
@@ -101,6 +109,27 @@ def test_01_reading_gives_points_when_the_ceiling_holds():
     assert len(text.strip().splitlines()) == 2  # a table and two sentences
 
 
+def test_01_section_5s_call_is_read_against_the_same_call_in_a_row():
+    # the reference run's figures: section 5's flushed call 1.618 ms, the same call in the rounds
+    # 1.480 ms; planted here, the last block of products in a row as slow as section 5's call
+    start, end = "L2 flush, products 1-5 of 30 in a row", "L2 flush, products 26-30 of 30 in a row"
+    gap = dict(GAP, **{"L2 flush before each repeat": 0.01480})
+    extra = {start: (0.01470, "L2 flush before each repeat"), end: (0.01620, start),
+             "section 5, L2 flush (earlier)": (0.01618, end),
+             "section 5, no flush (earlier)": (0.01300, "back to back")}
+    space = space_01(gap, ceiling_tflops=250.0, earlier_ms=extra)
+    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    pct = space["pct"]
+    assert versus()[start].startswith("cannot be told apart from L2 flush before each repeat")
+    assert versus()[end] == f"{pct[end] - pct[start]:+.1f} points against {start}"
+    assert versus()["section 5, L2 flush (earlier)"].startswith(f"cannot be told apart from {end}")
+    assert versus()["section 5, no flush (earlier)"].endswith("points against back to back")
+    # the reading's losses are this cell's rows only: section 5's timings are no condition
+    losses = text.split("what it loses beyond that: ")[1]
+    assert "section 5" not in losses and end in losses
+
+
 def test_01_reading_says_at_the_ceiling_for_a_share_just_above_it():
     space = space_01(GAP, ceiling_tflops=213.0)  # 214.7 TFLOP/s back to back: 100.8%
     text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
@@ -136,19 +165,24 @@ def test_01_summary_does_not_print_a_flagged_percentage():
 
 # ------------------------------------------------------------------ 02, summary
 def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
-    """02's summary namespace: step = name -> samples; sweep rows as the sweep table's."""
-    timings = [bench.Timing(name, samples, "cpu", meta={"bytes_per_step": 28_000_000})
-               for name, samples in step.items()]
+    """02's summary namespace: step = name -> its rounds' samples (one list per round); sweep
+    rows as the sweep table's."""
+    timings = {name: [bench.Timing(name, samples, "cpu",
+                                   meta={"bytes_per_step": 28_000_000, "round": k})
+                      for k, samples in enumerate(rounds)] for name, rounds in step.items()}
     table = chapter.step_table(timings, 1_000_000, copy_gbps)
+    step_rounds = bench.round_medians(timings)
     correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
-    tables = {"step": table, "sweep_reading": chapter.sweep_reading(pd.DataFrame(sweep_rows)),
+    tables = {"step": table, "step_rounds": step_rounds,
+              "sweep_reading": chapter.sweep_reading(pd.DataFrame(sweep_rows)),
               "correctness": correct,
-              "verdicts": verdicts.comparison_table(table, [("fused", "foreach")])}
+              "verdicts": verdicts.rounds_table(step_rounds, [("fused", "foreach")])}
     return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
             "env": {"gpu_name": ""}, "profile": types.SimpleNamespace(name="smoke"),
             "numel": 1_000_000, "params": [0] * 48, "step_bytes": 28e6, "floor_ms": 0.01,
             "optimizers": dict.fromkeys(step), "atol": 1e-6, "check_steps": 5,
-            "total": 2**16, "counts": [4, 256], "pd": pd, "display": SHOWN.append}
+            "total": 2**16, "counts": [4, 256], "pd": pd, "display": SHOWN.append,
+            "table": table, "step_rounds": step_rounds}
 
 
 def summary_02(space: dict) -> pd.Series:
@@ -164,7 +198,8 @@ def sweep_row(name, tensors, median, spread):
 
 
 def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
-    step = {"fused": [1.0, 1.0, 1.01, 1.02, 1.02], "foreach": [2.0, 2.0, 2.01, 2.02, 2.02]}
+    step = {"fused": [[1.0, 1.0, 1.01, 1.02, 1.02]] * 3,
+            "foreach": [[2.0, 2.0, 2.01, 2.02, 2.02]] * 3}
     sweep = [sweep_row("fused", 4, 0.04, 0.5), sweep_row("fused", 256, 384.0, 0.01),
              sweep_row("foreach", 4, 1.0, 0.01), sweep_row("foreach", 256, 11.8, 0.01)]
     space = space_02(step, sweep, copy_gbps=0.01)  # planted too low: 2.8e6 % of it
@@ -182,9 +217,40 @@ def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
     assert "foreach took 11.8x the time" in sweep_text and "9600" not in text
 
 
-def test_02_summary_names_no_fastest_when_a_step_time_is_too_noisy():
-    step = {"fused": [0.2, 0.5, 1.0, 2.0, 5.0], "foreach": [2.0, 2.0, 2.01, 2.02, 2.02]}
+def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():
+    # each round steady, but the rounds apart by a factor of 3 (a host that changed speed)
+    step = {"fused": [[0.5] * 5, [1.0] * 5, [1.5] * 5], "foreach": [[2.0] * 5] * 3}
     sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
-    line = summary_02(space_02(step, sweep, copy_gbps=1000.0))["fastest"]
-    assert line.startswith("none on this run: the timings are too noisy to compare")
+    space = space_02(step, sweep, copy_gbps=1000.0)
+    assert not space["tables"]["step"].set_index("candidate").loc["fused", "stable"]
+    line = summary_02(space)["fastest"]
+    assert line.startswith("none on this run: fused's rounds ranged 100%")
     assert "ms per step" not in line and "re-run" in line
+
+
+def verdicts_02(space: dict) -> tuple[str, pd.DataFrame]:
+    """Run 02's verdict cell (section 5): what it printed, and its verdict table."""
+    text = run([cell("02_fused_adam_vs_adamw.ipynb", "pairs = [")], space)
+    return text, space["tables"]["verdicts"]
+
+
+def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastest():
+    # apex wins two rounds of three, fused one: no speed-up, and the summary's fastest is the
+    # table's (the lowest median of the rounds), with the tie beside it
+    step = {"fused": [[1.0] * 5, [1.1] * 5, [0.95] * 5],
+            "apex FusedAdam": [[1.02] * 5, [0.98] * 5, [0.99] * 5],
+            "foreach": [[2.0] * 5, [2.1] * 5, [1.9] * 5]}
+    sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
+    space = space_02(step, sweep, copy_gbps=1000.0)
+    text, table = verdicts_02(space)
+    pair = table.set_index(["candidate", "vs"])
+    assert pair.loc[("apex FusedAdam", "fused"), "label"] == "tie"  # never 'faster 1.01x'
+    assert pair.loc[("apex FusedAdam", "foreach"), "label"].startswith("faster ")
+    assert set(table["label"]) <= {"tie", "unstable"} | {
+        label for label in table["label"] if re.fullmatch(r"(faster|slower) \d+\.\d\dx", label)}
+    step_table = space["tables"]["step"]
+    fastest = step_table.loc[step_table["median_ms"].idxmin(), "candidate"]
+    assert fastest == "apex FusedAdam"
+    assert text.startswith(f"Fastest on this run: {fastest} (cannot be told apart from fused")
+    line = summary_02(space)["fastest"]
+    assert line.split(",")[0] == fastest and "cannot be told apart from fused" in line

@@ -163,37 +163,102 @@ def step_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
+class _OneAtATime:
+    """Step functions over ``work`` that hold one candidate's optimizer at a time: the first
+    call of a candidate (a warm-up call of :func:`helpers.bench.benchmark`, untimed) frees the
+    previous candidate's parameters and state, then builds its own on fresh parameters, so
+    interleaved rounds need the memory of one candidate, not of all of them."""
+
+    def __init__(self, optimizers: dict[str, Factory], work: Workload):
+        self.factories, self.work = optimizers, work
+        self.name: str | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.bytes: dict[str, int] = {}  # name -> the step's minimum bytes (step_bytes)
+
+    def step(self, name: str) -> Callable[[], None]:
+        def run() -> None:
+            if self.name != name:
+                self.name, self.optimizer = None, None  # free the previous one first
+                self.optimizer = self.work.prepared(self.factories[name])[1]
+                self.name = name
+            self.optimizer.step()
+            if name not in self.bytes:  # after the first step, which creates the state
+                self.bytes[name] = step_bytes(self.optimizer)
+        return run
+
+    def release(self) -> None:
+        self.name, self.optimizer = None, None
+
+
 def time_optimizers(optimizers: dict[str, Factory], work: Workload, *, warmup: int,
-                    repeats: int) -> list[bench.Timing]:
-    """Time ``optimizer.step()`` of each factory's optimizer over ``work`` (state created by the
-    warm-up steps); each timing's meta holds the step's minimum bytes (:func:`step_bytes`)."""
+                    repeats: int, rounds: int = 1,
+                    steps: dict[str, Callable[[], object]] | None = None
+                    ) -> dict[str, list[bench.Timing]]:
+    """Time ``optimizer.step()`` of each factory's optimizer over ``work`` in ``rounds``
+    interleaved rounds (:func:`helpers.bench.interleaved`: each round times every candidate
+    once, ``warmup`` + ``repeats`` steps, in an order rotated by one each round), so that a
+    drift of the host or the GPU over the run falls on every candidate alike. In each round a
+    candidate starts from fresh parameters and its warm-up steps create its optimizer state, so
+    neither is timed, and only one candidate's state is held at a time. ``steps`` adds step
+    functions built elsewhere (a compiled step) to the same rounds.
+
+    Returns name -> one :class:`helpers.bench.Timing` per round; each timing's meta holds the
+    step's minimum bytes (:func:`step_bytes`, absent for ``steps``)."""
     if warmup < 1:
         raise ValueError("warmup must be >= 1: the first step allocates the optimizer state")
-    timings = []
-    for name, factory in optimizers.items():
-        _, optimizer = work.prepared(factory)
-        timing = bench.benchmark(optimizer.step, label=name, warmup=warmup, repeats=repeats,
-                                 device=work.device)
-        timing.meta["bytes_per_step"] = step_bytes(optimizer)
-        timings.append(timing)
-        del optimizer
+    held = _OneAtATime(optimizers, work)
+    fns = {name: held.step(name) for name in optimizers} | dict(steps or {})
+    try:
+        timings = bench.interleaved(fns, rounds=rounds, warmup=warmup, repeats=repeats,
+                                    device=work.device)
+    finally:
+        held.release()
+    for name, nbytes in held.bytes.items():
+        for timing in timings[name]:
+            timing.meta["bytes_per_step"] = nbytes
     return timings
 
 
-def step_table(timings: list[bench.Timing], numel: int, copy_gbps: float,
+def pooled(timings: dict[str, list[bench.Timing]]) -> list[bench.Timing]:
+    """One :class:`helpers.bench.Timing` per candidate holding the samples of all its rounds
+    (the error bars of a chart), with the first round's meta."""
+    return [bench.Timing(name, [s for t in ts for s in t.samples_ms], ts[0].device,
+                         flushed_l2=ts[0].flushed_l2,
+                         meta={k: v for k, v in ts[0].meta.items() if k != "round"})
+            for name, ts in timings.items()]
+
+
+def step_table(timings: dict[str, list[bench.Timing]], numel: int, copy_gbps: float,
                baselines: tuple[str, ...] = ("foreach", "for-loop")) -> pd.DataFrame:
-    """The 02_optimizer_step table: medians, IQR, bandwidth and speed-ups per candidate.
+    """The 02_optimizer_step table from :func:`time_optimizers`' rounds, one row per candidate:
+    ``median_ms``, the median of its rounds' medians (what :func:`helpers.verdicts.rounds_table`
+    and :func:`helpers.verdicts.fastest_by_rounds` compare), the rounds' range and whether it
+    is ``stable`` (:func:`helpers.verdicts.round_stability`), the IQR of all its samples
+    (``q1_ms``, ``q3_ms``), bandwidth and speed-ups.
 
     Bandwidth counts each candidate's minimum bytes (meta ``bytes_per_step``), whatever the
     implementation actually moves; one ``speedup_vs_<name>`` column per baseline measured."""
     import pandas as pd
 
-    df = pd.DataFrame([t.as_row() for t in timings]).rename(columns={"label": "candidate"})
+    rounds = bench.round_medians(timings)
+    stability = verdicts.round_stability(rounds).set_index("candidate")
+    rows = []
+    for t in pooled(timings):
+        row = t.as_row()
+        row.update(candidate=row.pop("label"), median_ms=stability.loc[t.label, "median_ms"],
+                   rounds=int(stability.loc[t.label, "rounds"]),
+                   round_min_ms=stability.loc[t.label, "min_ms"],
+                   round_max_ms=stability.loc[t.label, "max_ms"],
+                   round_range_pct=stability.loc[t.label, "range_pct"],
+                   stable=bool(stability.loc[t.label, "stable"]))
+        rows.append(row)
+    df = pd.DataFrame(rows)
     df["bytes_per_param"] = df["bytes_per_step"] / numel
     df["gbps"] = [ceilings.bandwidth_gbps(b, ms)
                   for b, ms in zip(df["bytes_per_step"], df["median_ms"], strict=True)]
     df["pct_of_copy_ceiling"] = [ceilings.pct_of(g, copy_gbps) for g in df["gbps"]]
-    cols = ["candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "gbps", "pct_of_copy_ceiling"]
+    cols = ["candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "rounds", "round_min_ms",
+            "round_max_ms", "round_range_pct", "stable", "gbps", "pct_of_copy_ceiling"]
     for base in baselines:
         ref = df.loc[df["candidate"] == base, "median_ms"]
         if not ref.empty:
@@ -227,7 +292,7 @@ def tensor_count_sweep(optimizers: dict[str, Factory], total: int, counts: list[
     for n in progress(counts, desc="tensor counts") if progress else counts:
         params = make_grads(split_shapes(total, n), seed=2, device=device)  # random values
         work = workload(params)
-        for t in time_optimizers(optimizers, work, warmup=warmup, repeats=repeats):
+        for t in pooled(time_optimizers(optimizers, work, warmup=warmup, repeats=repeats)):
             rows.append({"tensors": n, "params_per_tensor": total // n, "candidate": t.label,
                          "median_ms": t.median_ms, "q1_ms": t.q1_ms, "q3_ms": t.q3_ms})
         del work, params
