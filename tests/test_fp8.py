@@ -315,8 +315,9 @@ LABELS = {"bf16": "path 4 (bf16)", "tensorwise": "path 4 + float8 tensorwise",
 def _e2e(tw_ms, tw_loss, rw_ms=50.0, rw_loss=2.80):
     runs = {"bf16": _run(LABELS["bf16"], 50.0, 2.80), "tensorwise": _run("tw", tw_ms, tw_loss),
             "rowwise": _run("rw", rw_ms, rw_loss)}
+    noise = verdicts.NoiseFloor((2.80, 2.80), 2.80 * 1.001, other_seeds=(2.80 * 0.999,))
     return fp8.end_to_end_table(runs, LABELS, flops_per_token=gpt.flops_per_token(gpt.GPT2_SMALL),
-                                peak_tflops=989.0)
+                                peak_tflops=989.0, noise=noise)
 
 
 def test_end_to_end_table_has_the_speedup_and_loss_difference():
@@ -361,7 +362,7 @@ def test_summary_reads_every_table():
                              pd.DataFrame())
     by = dict(zip(full["topic"], full["on this run"], strict=True))
     assert "from width 2048 up" in by["width sweep, tensorwise"]
-    assert by["GPT 12 x 768, tensorwise"].startswith("step time 1.25x faster; loss +0.357%")
+    assert by["GPT 12 x 768, tensorwise"].startswith("step time faster 1.25x; loss +0.357%")
     assert by["GPT 12 x 768, tensorwise"].endswith("; speeds up training")
     assert by["launch-bound"].startswith("Launch-bound rows")
 
@@ -489,7 +490,7 @@ def test_torchao_source_escape_warnings_are_dropped_and_others_kept():
     ("widths = None", "widths = (1000, 768)",
      "widths holds [1000]: FP8 matrix products need multiples of 16"),
     ('recipes = ("tensorwise", "rowwise")', "recipes = ()", "recipes is empty"),
-    ("noise_runs = None", "noise_runs = 0",
+    ("noise_runs = 1", "noise_runs = 0",
      "noise_runs = 0: the noise floor needs the bf16 baseline trained at least once more"),
     ("wide_width = None", "wide_width = 1000",
      "wide_width = 1000: the wide model's heads are 128 wide"),

@@ -817,8 +817,8 @@ def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
     diffs = table["val_loss_diff_pct"] / 100.0
     table["loss_verdict"] = ["baseline" if r == baseline else verdicts.loss_verdict(x, scale)
                              for r, x in zip(table["recipe"], diffs, strict=True)]
-    table["target"] = ["baseline" if r == baseline else
-                       verdicts.target_verdict(x, scale, VAL_LOSS_TOLERANCE)
+    table["target"] = ["baseline" if r == baseline else "not measured" if not math.isfinite(scale)
+                       else verdicts.target_verdict(x, scale, VAL_LOSS_TOLERANCE)
                        for r, x in zip(table["recipe"], diffs, strict=True)]
     return table
 
