@@ -1,8 +1,8 @@
-"""Notebook 06's loss readings against the noise floor of its bf16 baseline: the end-to-end table,
-the verdict and the summary call a float8 loss difference within noise when it is no larger than
-NOISE_FACTOR x the floor and beyond noise when it is larger, say when no floor was measured or
-when the floor is too wide for the 2% target, and never call a winner from step times whose
-spread is too wide."""
+"""Notebook 06's loss readings: float8 against bf16 asks "do two numerics learn the same?", so
+the end-to-end table, the verdict and the summary read a float8 loss difference against the
+bf16 baseline's other seeds (verdicts.yardstick(noise, "numerics")) whichever of that spread and
+the same-seed floor is larger, give the 2% target its own verdict (within / beyond /
+undecided), and never call a winner from step times whose spread is too wide."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ def _run(label, ms, val_loss, spread=0.01, steps=20):
                             "compile_s": 20.0})
 
 
-def _noise(floor: float) -> verdicts.NoiseFloor:
-    """Four same-seed runs of path 4 whose largest difference is ``floor`` of its loss, and a
-    run from another seed 0.05% away (inside the floor: the floor is the yardstick)."""
+def _noise(floor: float, spread: float = 0.004) -> verdicts.NoiseFloor:
+    """Same-seed runs of path 4 whose largest difference is ``floor`` of its loss, and two
+    other seeds' runs, the farther ``spread`` away."""
     return verdicts.NoiseFloor((BASE, BASE * (1 + floor), BASE * (1 + floor / 2), BASE),
-                               other_seed=BASE * 1.0005, what="path 4 (bf16)")
+                               other_seed=BASE * (1 + spread / 2),
+                               other_seeds=(BASE * (1 - spread / 2),), what="path 4 (bf16)")
 
 
 def _e2e(tw_diff, rw_diff, *, noise=None, tw_ms=40.0, rw_ms=40.0, tw_spread=0.01):
@@ -57,129 +58,131 @@ def _sweep() -> pd.DataFrame:
     return fp8.sweep_table(rows)
 
 
-def test_the_table_puts_the_floor_and_its_reading_beside_the_difference():
-    floor = 0.004
-    table = _e2e(0.003, 0.012, noise=_noise(floor)).set_index("recipe")
-    assert table["noise_floor_pct"].tolist() == pytest.approx([100 * floor] * 3)
-    assert table.loc["bf16", "loss_reading"] == "baseline"
-    assert table.loc["tensorwise", "loss_reading"] == "within noise"  # 0.3% < 0.4%
-    assert table.loc["rowwise", "loss_reading"] == "beyond noise by 3.0x the floor"  # 1.2%
-    assert table["within_target"].all()
-    far = _e2e(0.003, 0.03, noise=_noise(floor)).set_index("recipe")
-    assert not far.loc["rowwise", "within_target"] and far.loc["tensorwise", "within_target"]
-    bare = _e2e(0.003, 0.012).set_index("recipe")  # no floor measured: no reading invented
-    assert bare["noise_floor_pct"].isna().all()
-    assert bare.loc["rowwise", "loss_reading"] == "not measured"
+def _row(e2e, recipe):
+    return next(r for r in fp8.verdict_rows("GPT 12 x 768", e2e) if r["recipe"] == recipe)
 
 
-def _row(e2e, recipe, noise=None):
-    return next(r for r in fp8.verdict_rows("GPT 12 x 768", e2e, noise) if r["recipe"] == recipe)
+def test_the_yardstick_is_the_other_seeds_even_when_the_same_seed_floor_is_wider():
+    """The reference run's case: floor 0.555%, other seeds 0.229%. A -0.537% difference is
+    inside twice the floor but beyond twice the seeds' spread: it must read 'lower'."""
+    noise = _noise(0.00555, spread=0.00229)
+    table = _e2e(-0.00537, 0.001, noise=noise).set_index("recipe")
+    assert (table["yardstick"] == verdicts.SEEDS).all()
+    assert table["yardstick_pct"].tolist() == pytest.approx([100 * noise.seed_spread] * 3)
+    assert table.loc["tensorwise", "loss_verdict"] == "lower"
+    assert table.loc["rowwise", "loss_verdict"] == "within noise"
+    assert table["noise_floor_pct"].tolist() == pytest.approx([0.555] * 3)  # beside, not used
 
 
-@pytest.mark.parametrize(("diff", "said"), [
-    (0.001, "within noise"),  # smaller than the floor
-    (-0.007, "within noise"),  # larger than the floor, not NOISE_FACTOR x it
-    (0.0081, "beyond noise by 2.0x the floor"),
-    (-0.016, "beyond noise by 4.0x the floor")])
-def test_the_verdict_reads_each_loss_difference_against_the_floor(diff, said):
-    floor = 0.004
-    assert verdicts.NOISE_FACTOR == 2.0
-    e2e = _e2e(diff, 0.0, noise=_noise(floor))
-    row = _row(e2e, "tensorwise", _noise(floor))
-    assert row["loss_reading"] == said and row["within_target"]
-    assert row["yardstick"] == fp8.SAME_SEED and row["yardstick_pct"] == pytest.approx(0.4)
-    assert row["val_loss_diff_pct"] == pytest.approx(100 * diff)
-    assert _row(e2e, "tensorwise") == row  # the table's columns alone give the same reading
+def test_the_yardstick_does_not_change_with_the_floor():
+    """Two runs whose other seeds agree but whose floors differ read the same difference the
+    same way: the question, not the larger number, picks the yardstick."""
+    narrow = _e2e(0.006, 0.0, noise=_noise(0.0001, spread=0.004)).set_index("recipe")
+    wide = _e2e(0.006, 0.0, noise=_noise(0.009, spread=0.004)).set_index("recipe")
+    for col in ("yardstick", "yardstick_pct", "loss_verdict", "target"):
+        assert narrow.loc["tensorwise", col] == wide.loc["tensorwise", col]
+    assert narrow.loc["tensorwise", "loss_verdict"] == "within noise"  # 0.6% < 2 x 0.4%
 
 
-def test_a_faster_float8_run_is_credited_with_its_loss_reading():
-    table = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768", _e2e(0.001, 0.012,
-                                                               noise=_noise(0.004))))
-    assert table["speeds_up"].all()
-    sentence = fp8.verdict_sentence(table, "GPT 12 x 768", "H200")
-    assert "float8 speeds up its training on this run" in sentence
-    assert "tensorwise 1.25x faster (+0.10% loss, within noise)" in sentence
-    assert "rowwise 1.25x faster (+1.20% loss, beyond noise by 3.0x the floor)" in sentence
+def test_a_difference_inside_the_other_seeds_spread_is_never_beyond_it():
+    noise = _noise(0.0, spread=0.01)  # a CPU: same-seed runs repeat exactly
+    table = _e2e(0.0049, -0.0199, noise=noise).set_index("recipe")
+    assert set(table.loc[["tensorwise", "rowwise"], "loss_verdict"]) == {"within noise"}
 
 
-def test_without_a_floor_no_loss_is_called_within_or_beyond_noise():
-    for recipe in ("tensorwise", "rowwise"):
-        row = _row(_e2e(0.001, 0.012), recipe)
-        assert row["loss_reading"] == "not read" and row["yardstick"] == "none measured"
-    words, _ = fp8.loss_reading(0.1, math.nan)
-    assert words.startswith("not read against a run-to-run scale") and "noise" not in words
+@pytest.mark.parametrize(("diff", "spread", "target"), [
+    (0.003, 0.004, "within"),      # 0.3% < 2% - 2 x 0.4%
+    (-0.043, 0.004, "beyond"),     # 4.3% > 2% + 2 x 0.4%
+    (0.015, 0.004, "undecided"),   # between 1.2% and 2.8%
+    (0.001, 0.012, "undecided")])  # the yardstick straddles the target: a re-run could cross
+def test_the_target_has_its_own_verdict_read_against_the_yardstick(diff, spread, target):
+    row = _row(_e2e(diff, 0.0, noise=_noise(0.0, spread=spread)), "tensorwise")
+    assert row["target"] == target
+    assert row["speeds_up"] == (target == "within")  # 40 ms against 50: faster
 
 
-def test_a_floor_too_wide_for_the_target_does_not_let_the_target_be_called_held():
-    wide = _noise(0.012)  # twice the floor, 2.4%, is beyond the 2% target
-    row = _row(_e2e(0.001, 0.001, noise=wide), "tensorwise", wide)
-    assert row["loss_reading"] == "within noise; too wide to read the 2% target"
-    assert not row["within_target"] and not row["speeds_up"]
-    words, held = fp8.loss_reading(0.1, 0.012)
-    assert not held and "too wide" in words
+def test_faster_with_an_undecided_target_does_not_speed_up():
+    """The wide model on the H200: 1.40x faster, -4.3% loss against other seeds 4.7% apart."""
+    near = verdicts.NoiseFloor((2.9593, 2.9593 * (1 + 1e-6)), other_seed=3.0973,
+                               other_seeds=(2.9,), what="wide")
+    rows = fp8.verdict_rows("wide", _e2e(-0.0427, 0.0, noise=near, tw_ms=36.0))
+    row = next(r for r in rows if r["recipe"] == "tensorwise")
+    assert row["faster"] and row["target"] == "undecided" and not row["speeds_up"]
+    assert row["loss_verdict"] == "within noise" and row["yardstick"] == verdicts.SEEDS
 
 
-def test_a_zero_floor_without_another_seed_judges_no_difference():
-    exact = verdicts.NoiseFloor((BASE, BASE, BASE), what="path 4 (bf16)")  # a CPU: exact repeats
-    assert math.isnan(fp8.loss_yardstick(exact)[0])
-    table = _e2e(0.0001, 0.0, noise=exact).set_index("recipe")
-    assert table.loc["tensorwise", "loss_reading"] == "not measured"  # a floor of 0 judges nothing
-    assert not table.loc["tensorwise", "loss_reading"].startswith("beyond")
-
-
-def test_a_zero_floor_reads_the_loss_against_another_seeds_spread():
-    exact = verdicts.NoiseFloor((BASE, BASE), other_seed=BASE * 1.002, what="wide (bf16)")
-    scale, name = fp8.loss_yardstick(exact)
-    assert scale == pytest.approx(0.002) and name == fp8.OTHER_SEED
-    table = _e2e(0.003, 0.005, noise=exact).set_index("recipe")
-    assert table.loc["tensorwise", "loss_reading"] == "within 2x another seed's spread"
-    assert table.loc["rowwise", "loss_reading"] == "beyond another seed's spread by 2.5x"
-    assert (table["yardstick"] == fp8.OTHER_SEED).all()
-    assert table["yardstick_pct"].iloc[0] == pytest.approx(0.2)
-    # a floor above 0 stays the yardstick, whatever the other seed did
-    assert fp8.loss_yardstick(_noise(0.004)) == (pytest.approx(0.004), fp8.SAME_SEED)
+def test_without_other_seeds_no_loss_is_called_within_or_beyond_noise():
+    same_only = verdicts.NoiseFloor((BASE, BASE * 1.004))
+    for noise in (None, same_only):
+        row = _row(_e2e(0.001, 0.05, noise=noise), "rowwise")
+        assert row["loss_verdict"] == "not measured" and row["yardstick"] == verdicts.SEEDS
 
 
 def test_a_timing_whose_spread_is_too_wide_is_not_called_faster():
     e2e = _e2e(0.001, 0.001, noise=_noise(0.004), tw_ms=30.0, tw_spread=0.4, rw_ms=50.0)
-    row = _row(e2e, "tensorwise", _noise(0.004))
-    assert row["step_time"].startswith("cannot be told apart (a spread of")
-    assert not row["speeds_up"]
+    row = _row(e2e, "tensorwise")
+    assert row["step_label"] == "tie" and "spread" in row["step_why"]
+    assert not row["faster"] and not row["speeds_up"]
 
 
-def test_the_summary_reads_the_losses_against_the_floor():
+def test_the_summary_agrees_with_the_verdict_table():
     x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
     grown = fp8.outlier_sweep(x, [1.0, 1e6], [(E4M3, "tensorwise")], row=0)
     correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
                                  "ok": True, "kernel": "FP8 tensor cores"}])
-    noise = _noise(0.004)
-    verdict = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768", _e2e(0.003, 0.012, noise=noise),
-                                            noise))
+    verdict = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768",
+                                            _e2e(0.003, 0.012, noise=_noise(0.004))))
     table = fp8.summary_table(grown, correctness, _sweep(), verdict, pd.DataFrame())
     by = dict(zip(table["topic"], table["on this run"], strict=True))
-    assert ("loss +0.300%, within noise (the same-seed noise floor)"
-            in by["GPT 12 x 768, tensorwise"])
-    assert "beyond noise by 3.0x the floor" in by["GPT 12 x 768, rowwise"]
+    for r in verdict.itertuples():
+        said = by[f"GPT 12 x 768, {r.recipe}"]
+        assert f"{r.loss_verdict} against {r.yardstick}" in said and f"target {r.target}" in said
+        assert ("speeds up training" in said) == bool(r.speeds_up)
 
 
-def test_loss_reading_handles_a_missing_loss():
-    words, held = fp8.loss_reading(math.nan, 0.004)
-    assert not held and words == "no validation loss to compare"
+def test_end_to_end_table_has_the_speedup_and_loss_difference():
+    table = _e2e(0.01, 0.0).set_index("recipe")
+    assert table.loc["tensorwise", "speedup_vs_bf16"] == pytest.approx(1.25)
+    assert table.loc["tensorwise", "val_loss_diff_pct"] == pytest.approx(1.0)
+    assert table.loc["bf16", "speedup_vs_bf16"] == 1.0
+    missing = fp8.end_to_end_table({"bf16": _run("b", 50.0, 2.8)}, LABELS,
+                                   flops_per_token=1.0, peak_tflops=1.0).set_index("recipe")
+    assert missing.loc["rowwise", "status"] == "not run on this machine"
 
 
-def test_another_seeds_spread_wider_than_the_floor_is_the_yardstick():
-    """A run that repeats almost exactly (floor 1e-6) but moves 4.7% with another seed - the
-    wide model on the H200 - reads a float8 loss 4.3% lower against the seed's spread, not as
-    a finding 29,000 times its floor; too wide a yardstick leaves the 2% target unread, and
-    the verdict credits the speed without claiming the target."""
-    near = verdicts.NoiseFloor((2.9593, 2.9593 * (1 + 1e-6)), other_seed=3.0973, what="wide")
-    scale, name = fp8.loss_yardstick(near)
-    assert name == fp8.OTHER_SEED and scale == pytest.approx(0.04663, rel=1e-3)
-    e2e = _e2e(-0.0427, 0.0, noise=near, tw_ms=36.0)
-    rows = fp8.verdict_rows("wide", e2e[e2e["recipe"] != "rowwise"], near)
-    (row,) = rows
-    assert row["faster"] and not row["target_readable"] and not row["speeds_up"]
-    assert "within 2x another seed's spread" in row["loss_reading"]
-    sentence = fp8.verdict_sentence(pd.DataFrame(rows), "wide", "H200")
-    assert "float8 is faster on this run" in sentence and "cannot say whether" in sentence
-    assert "does not speed up" not in sentence
+def test_a_model_whose_bf16_run_failed_is_not_compared():
+    e2e = _e2e(0.0, 0.0, noise=_noise(0.004))
+    e2e.loc[e2e["recipe"] == "bf16", "status"] = "out of memory"
+    rows = fp8.verdict_rows("m", e2e)
+    assert all(r["step_label"].startswith("not compared") and not r["speeds_up"] for r in rows)
+
+
+# ------------------------------------------------------------------ a step's memory
+def test_a_steps_memory_parts_are_counted_and_add_up():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(16, 32)
+
+    def update():
+        optimizer.step()
+        optimizer.zero_grad()
+
+    model(x).sum().backward()
+    update()  # the optimizer's states exist, as after training
+    parts = fp8.step_memory(lambda: model(x).sum(), update, model, optimizer, "cpu")
+    gib = 2.0**30
+    n = sum(p.numel() for p in model.parameters())
+    assert parts["parameters"] == pytest.approx(4 * n / gib)
+    assert parts["gradients"] == pytest.approx(4 * n / gib)
+    assert parts["optimizer states"] >= 2 * parts["parameters"]  # exp_avg, exp_avg_sq
+    assert parts["saved for backward"] > 0 and math.isnan(parts["peak"])  # no allocator here
+    fake = {**parts, "other allocated before the step": 0.1, "peak": 1.0, "reserved": 0.2}
+    fake["residual (peak minus the rows above)"] = 1.0 - sum(
+        v for k, v in fake.items() if k in fp8.STEP_MEMORY[:5])
+    table = fp8.memory_table({("m", "bf16"): fake, ("m", "tensorwise"): {**fake, "peak": 0.9,
+                              "residual (peak minus the rows above)":
+                              fake["residual (peak minus the rows above)"] - 0.1}})
+    by = table.set_index("part")
+    assert by.loc["sum of the parts", "bf16"] == pytest.approx(by.loc["peak of the step "
+                                                                      "(measured)", "bf16"])
+    assert by.loc["sum of the parts", "tensorwise - bf16"] == pytest.approx(-0.1)

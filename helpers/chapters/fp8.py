@@ -16,13 +16,15 @@
   step change the sweep predicts for them (:func:`predict_step`) set against the measured one
   (:func:`reconcile_row`), beside torchao's published figures (:data:`PUBLISHED`);
 - torchao's auto filter read against the sweep (:func:`filter_table`, :func:`filter_reading`);
-  what a forward keeps for backward (:func:`saved_for_backward`, :func:`held_for_backward_gib`);
+  what a forward keeps for backward (:func:`saved_for_backward`) and one training step's memory
+  attributed part by part so that the parts add up to its measured peak (:func:`step_memory`,
+  :func:`memory_table`);
 - the end-to-end table, the verdict table and the summary table, all computed from the run's
   tables (:func:`end_to_end_table`, :func:`verdict_rows`, :func:`verdict_sentence`,
   :func:`summary_table`): step times by the tie rule of :mod:`helpers.verdicts`, each float8
-  run's validation loss read against a run-to-run scale measured in the same run
-  (:func:`loss_yardstick`: the bf16 baseline's same-seed noise floor, or another seed's spread
-  where the same-seed runs repeat exactly) beside the course's 2% target (:func:`loss_reading`).
+  run's validation loss read as "do two numerics learn the same?" - against the bf16 baseline's
+  other seeds (``verdicts.yardstick(noise, "numerics")``), with the 2% target's verdict
+  (``verdicts.target_verdict``: within / beyond / undecided).
 
 Longer than 400 lines because notebook 06 measures six things (the formats, the cast error,
 the width sweep, the end-to-end runs, the sweep's prediction of them, and torchao's filter and
@@ -694,33 +696,112 @@ def saved_for_backward(run: Callable[[], torch.Tensor],
                         columns=["dtype", "kind", "mib"])
 
 
-def held_for_backward_gib(forward: Callable[[], torch.Tensor], device: torch.device | str,
-                          params: Iterable[torch.Tensor] = ()) -> float:
-    """GiB the forward ``forward()`` leaves allocated until its backward: on a GPU the growth
-    of ``torch.cuda.memory_allocated`` while its loss is alive (what the compiled graph saves,
-    whatever it is); on the CPU the new memory :func:`saved_for_backward` counts."""
+def _bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a tensor subclass's inner ones)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        for ptr, nbytes, _ in _storages(t):
+            seen.setdefault(ptr, nbytes)
+    return sum(seen.values())
+
+
+STEP_MEMORY = ("parameters", "optimizer states", "other allocated before the step",
+               "saved for backward", "gradients", "residual (peak minus the rows above)")
+
+
+def step_memory(forward: Callable[[], torch.Tensor], update: Callable[[], object],
+                model: nn.Module, optimizer: torch.optim.Optimizer,
+                device: torch.device | str) -> dict[str, float]:
+    """GiB of one training step, attributed by measurement so that the parts add up to its
+    peak (:data:`STEP_MEMORY`): the parameters and the optimizer's states (counted, each
+    storage once), the rest allocated before the step (batches on the GPU, caches), what the
+    forward ``forward()`` leaves allocated for backward (the growth of
+    ``torch.cuda.memory_allocated``: what the whole model, compiled or not, saves), the
+    gradients after ``loss.backward()`` (counted), and the residual: the step's peak
+    (``max_memory_allocated`` over forward, backward and ``update()``) minus all of those -
+    backward's temporaries, casts, workspace. ``peak`` is that measured peak, ``reserved`` what
+    the allocator holds beyond it (its cache). On the CPU no allocator is read: the saved
+    memory is counted by :func:`saved_for_backward`'s hooks, peak and residual are NaN."""
     device = torch.device(device)
+    params = _bytes(model.parameters())
+    states = _bytes(t for s in optimizer.state.values() for t in s.values()
+                    if isinstance(t, torch.Tensor))
+    gib = 2.0**30
+    out = {"parameters": params / gib, "optimizer states": states / gib}
     if device.type != "cuda":
-        table = saved_for_backward(forward, params)
-        return float(table.loc[table["kind"] == "new memory", "mib"].sum()) / 1024
+        saved: dict[int, int] = {}
+        keep = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            for ptr, nbytes, _ in _storages(t):
+                if ptr not in keep:
+                    saved.setdefault(ptr, nbytes)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = forward()
+        loss.backward()
+        grads = _bytes(p.grad for p in model.parameters() if p.grad is not None)
+        del loss
+        update()
+        nan = math.nan
+        return {**out, "other allocated before the step": nan,
+                "saved for backward": sum(saved.values()) / gib, "gradients": grads / gib,
+                "residual (peak minus the rows above)": nan, "peak": nan, "reserved": nan}
     bench.sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
     loss = forward()
     bench.sync(device)
     held = torch.cuda.memory_allocated(device) - before
+    loss.backward()
+    grads = _bytes(p.grad for p in model.parameters() if p.grad is not None)
     del loss
-    return held / 2**30
+    update()
+    bench.sync(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {**out, "other allocated before the step": (before - params - states) / gib,
+            "saved for backward": held / gib, "gradients": grads / gib,
+            "residual (peak minus the rows above)": (peak - before - held - grads) / gib,
+            "peak": peak / gib,
+            "reserved": (torch.cuda.memory_reserved(device) - peak) / gib}
 
+
+def memory_table(parts: dict[tuple[str, str], dict[str, float]],
+                 baseline: str = "bf16") -> pd.DataFrame:
+    """One row per model and :data:`STEP_MEMORY` part, a column per recipe (GiB, from
+    :func:`step_memory` keyed by (model, recipe)) and each float8 recipe's change from
+    ``baseline``; a ``sum of the parts`` row (equal to the measured ``peak of the step`` row
+    by construction on a GPU), then the allocator's cache beyond the peak (not in the sum)."""
+    order = [*STEP_MEMORY, "sum of the parts", "peak of the step (measured)",
+             "allocator cache beyond the peak"]
+    rows = []
+    for model in dict.fromkeys(m for m, _ in parts):
+        recipes = [r for m, r in parts if m == model]
+        for what in order:
+            row = {"model": model, "part": what}
+            for recipe in recipes:
+                p = parts[(model, recipe)]
+                row[recipe] = (sum(p[k] for k in STEP_MEMORY) if what == "sum of the parts"
+                               else p["peak"] if what.startswith("peak")
+                               else p["reserved"] if what.startswith("allocator") else p[what])
+            for recipe in recipes:
+                if recipe != baseline and baseline in recipes:
+                    row[f"{recipe} - {baseline}"] = row[recipe] - row[baseline]
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 # ------------------------------------------------------------------ end to end
 def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
                      flops_per_token: float, peak_tflops: float, baseline: str = "bf16",
                      noise: verdicts.NoiseFloor | None = None) -> pd.DataFrame:
     """``gpt.paths_table`` keyed by recipe, with the speedup over the ``baseline`` run (its
-    step time over this one's), the validation loss's difference to it in percent, the noise
-    floor beside it (``noise``: the baseline trained again with the same seed; NaN without one),
-    the difference read against the floor (``loss_reading``) and whether it is within the
-    course's target (``within_target``)."""
+    step time over this one's), the validation loss's difference to it in percent, the
+    same-seed noise floor beside it (``noise_floor_pct``: does the baseline repeat itself?),
+    and the difference read as the question "do two numerics learn the same?" asks: against
+    the other seeds' spread (``yardstick``, ``yardstick_pct``: :func:`helpers.verdicts.yardstick`
+    with 'numerics'), ``loss_verdict`` (:func:`helpers.verdicts.loss_verdict`) and ``target``
+    (:func:`helpers.verdicts.target_verdict`: within / beyond / undecided for the 2% target)."""
     table = gpt.paths_table(runs, labels, flops_per_token=flops_per_token,
                             peak_tflops=peak_tflops)
     table = table.rename(columns={"path": "recipe"}).drop(columns="speedup_vs_fp32")
@@ -729,106 +810,30 @@ def end_to_end_table(runs: dict[str, bench.Run], labels: dict[str, str], *,
     base_loss = float(base["final_val_loss"].iloc[0]) if len(base) else math.nan
     table["speedup_vs_bf16"] = base_ms / table["step_ms"]
     table["val_loss_diff_pct"] = 100.0 * (table["final_val_loss"] - base_loss) / base_loss
-    floor = noise.floor if noise is not None else math.nan
-    table["noise_floor_pct"] = 100.0 * floor
-    scale, name = loss_yardstick(noise)
+    table["noise_floor_pct"] = 100.0 * (noise.floor if noise is not None else math.nan)
+    scale, name = verdicts.yardstick(noise, "numerics")
     table["yardstick"] = name
     table["yardstick_pct"] = 100.0 * scale
-    table["loss_reading"] = [
-        "baseline" if recipe == baseline else
-        scale_reading(diff / 100.0, scale, name) if math.isfinite(diff) else "not measured"
-        for recipe, diff in zip(table["recipe"], table["val_loss_diff_pct"], strict=True)]
-    table["within_target"] = table["val_loss_diff_pct"].abs() <= 100.0 * VAL_LOSS_TOLERANCE
+    diffs = table["val_loss_diff_pct"] / 100.0
+    table["loss_verdict"] = ["baseline" if r == baseline else verdicts.loss_verdict(x, scale)
+                             for r, x in zip(table["recipe"], diffs, strict=True)]
+    table["target"] = ["baseline" if r == baseline else "not measured" if not math.isfinite(scale)
+                       else verdicts.target_verdict(x, scale, VAL_LOSS_TOLERANCE)
+                       for r, x in zip(table["recipe"], diffs, strict=True)]
     return table
-
-
-SAME_SEED = "the same-seed noise floor"
-OTHER_SEED = "another seed's spread"
-
-
-def loss_yardstick(noise: verdicts.NoiseFloor | None) -> tuple[float, str]:
-    """The run-to-run scale (relative) a loss difference is read against, and its name: the
-    larger of the same-seed noise floor and another seed's spread (``noise.other_seed``), where
-    both are measured. float8 changes the numbers a run computes, so its run moves away from
-    bf16's as a perturbed run does: where the kernels repeat a run (almost) exactly, the floor
-    alone would call any such move a finding, while another seed measures how far a run's loss
-    moves at this training length. NaN when neither can judge (no repeat, or an exact repeat
-    and no other seed)."""
-    if noise is None:
-        return math.nan, "none measured"
-    seed = noise.seed_spread if math.isfinite(noise.seed_spread) else 0.0
-    if seed > noise.floor:
-        return seed, OTHER_SEED
-    if noise.floor > 0:
-        return noise.floor, SAME_SEED
-    return math.nan, "none that can judge (same-seed runs repeated exactly, no other seed)"
-
-
-def scale_reading(diff: float, scale: float, name: str) -> str:
-    """A relative loss difference against a yardstick of :func:`loss_yardstick`: the floor's
-    words (:func:`helpers.verdicts.noise_reading`) for the same-seed floor, else 'within' or
-    'beyond' :data:`helpers.verdicts.NOISE_FACTOR` times the named scale."""
-    if name == SAME_SEED or not (math.isfinite(diff) and math.isfinite(scale)):
-        return verdicts.noise_reading(diff, scale)
-    if not verdicts.beyond_noise(diff, scale):
-        return f"within {verdicts.NOISE_FACTOR:g}x {name}"
-    return f"beyond {name} by {abs(diff) / scale:.1f}x"
 
 
 def _iqr(row: pd.Series) -> tuple[float, float]:
     return float(row["step_ms_q1"]), float(row["step_ms_q3"])
 
 
-def _floor(e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> float:
-    """The yardstick (relative) a loss is read against: ``noise``'s (:func:`loss_yardstick`),
-    else the table's ``yardstick_pct`` or ``noise_floor_pct`` column, else NaN."""
-    if noise is not None:
-        return loss_yardstick(noise)[0]
-    for col in ("yardstick_pct", "noise_floor_pct"):
-        if col in e2e and len(e2e) and e2e[col].notna().any():
-            return float(e2e[col].dropna().iloc[0]) / 100.0
-    return math.nan
-
-
-def _yard_name(e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
-    if noise is not None:
-        return loss_yardstick(noise)[1]
-    if "yardstick" in e2e and len(e2e):
-        return str(e2e["yardstick"].iloc[0])
-    return SAME_SEED
-
-
-def loss_reading(diff_pct: float, floor: float, tolerance: float = VAL_LOSS_TOLERANCE,
-                 name: str = SAME_SEED) -> tuple[str, bool]:
-    """A float8 run's validation-loss difference to bf16 (in percent) read against the
-    yardstick ``floor`` (relative; NaN when not measured; ``name`` says which:
-    :func:`loss_yardstick`) and beside the course's target: (the words, whether the target
-    holds). The target is not called held when twice the yardstick reaches it: the run cannot
-    then tell a difference inside the target from one outside."""
-    diff = diff_pct / 100.0
-    if not math.isfinite(diff):
-        return "no validation loss to compare", False
-    if not math.isfinite(floor):
-        reading = "not read against a run-to-run scale (none that can judge was measured)"
-    else:
-        reading = scale_reading(diff, floor, name)
-        reading += (f" (noise floor {floor:.3%})" if name == SAME_SEED else
-                    f" ({name}, {floor:.3%})") if floor > 0 else ""
-    if math.isfinite(floor) and verdicts.NOISE_FACTOR * floor >= tolerance:
-        return (f"{reading}; the floor is too wide to read the course's {tolerance:.0%} target",
-                False)
-    held = abs(diff) <= tolerance
-    return (f"{reading}, {'within' if held else 'NOT within'} the course's {tolerance:.0%} "
-            "target"), held
-
-
 # ------------------------------------------------------------------ the verdict as one table
-def verdict_rows(model: str, e2e: pd.DataFrame, noise: verdicts.NoiseFloor | None = None, *,
-                 baseline: str = "bf16") -> list[dict]:
+def verdict_rows(model: str, e2e: pd.DataFrame, *, baseline: str = "bf16") -> list[dict]:
     """One row per float8 recipe of ``model``'s :func:`end_to_end_table`: both step times, the
-    step time read by the tie rule (which refuses spreads too wide), the loss difference read
-    against the yardstick (:func:`loss_yardstick`, named), whether the course's target holds,
-    and ``speeds_up``: measurably faster with the loss within the target."""
+    step time read by the tie rule (which refuses spreads too wide; ``step_label`` as
+    :func:`helpers.verdicts.label` writes it), the loss difference with the table's yardstick
+    (named), its ``loss_verdict`` and ``target`` verdict, and ``speeds_up``: measurably faster
+    with the target verdict 'within'."""
     ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
     rows = []
     for recipe, row in (e2e.set_index("recipe").iterrows() if len(e2e) else ()):
@@ -836,53 +841,43 @@ def verdict_rows(model: str, e2e: pd.DataFrame, noise: verdicts.NoiseFloor | Non
             continue
         out = {"model": model, "recipe": recipe}
         if baseline not in getattr(ran, "index", []) or recipe not in ran.index:
-            rows.append({**out, "step_time": f"not compared ({row['status']})",
-                         "speeds_up": False})
+            rows.append({**out, "step_label": f"not compared ({row['status']})",
+                         "faster": False, "target": "not measured", "speeds_up": False})
             continue
-        base, scale, name = ran.loc[baseline], _floor(e2e, noise), _yard_name(e2e, noise)
+        base = ran.loc[baseline]
         a, b = float(row["step_ms"]), float(base["step_ms"])
         why = verdicts.tie_reason(a, b, a_iqr=_iqr(row), b_iqr=_iqr(base))
-        faster = not why and a < b
-        step = (f"cannot be told apart ({why})" if why else
-                f"{b / a:.2f}x faster" if faster else f"{a / b:.2f}x slower")
-        diff = float(row["val_loss_diff_pct"])
-        words, held = loss_reading(diff, scale, name=name)
-        reading = scale_reading(diff / 100.0, scale, name) if math.isfinite(scale) else "not read"
-        if "too wide" in words:  # the target cannot be read against so wide a yardstick
-            reading += f"; too wide to read the {VAL_LOSS_TOLERANCE:.0%} target"
-        rows.append({**out, "bf16_ms": b, "float8_ms": a, "step_time": step,
-                     "val_loss_diff_pct": diff, "yardstick": name,
-                     "yardstick_pct": 100.0 * scale, "loss_reading": reading,
-                     "within_target": held, "faster": bool(faster),
-                     "target_readable": "too wide" not in words,
-                     "speeds_up": bool(faster and held)})
+        word = verdicts.TIE_WORD if why else "faster" if a < b else "slower"
+        faster = word == "faster"
+        rows.append({**out, "bf16_ms": b, "float8_ms": a,
+                     "step_label": verdicts.label(word, b / a), "step_why": why,
+                     "val_loss_diff_pct": float(row["val_loss_diff_pct"]),
+                     "yardstick": row["yardstick"], "yardstick_pct": float(row["yardstick_pct"]),
+                     "loss_verdict": row["loss_verdict"], "target": row["target"],
+                     "faster": faster, "speeds_up": bool(faster and row["target"] == "within")})
     return rows
 
 
 def verdict_sentence(table: pd.DataFrame, model: str, where: str) -> str:
     """One sentence for ``model`` from a table of :func:`verdict_rows`: which recipes speed up
-    its training on this run (faster by the tie rule, the loss within the target), or none."""
+    its training on this run (faster by the tie rule, the target verdict 'within'), which are
+    faster with the target undecided, or none."""
     part = table[table["model"] == model] if len(table) else table
     if part.empty:
         return f"{model}: not compared on this run."
-    helps = part[part["speeds_up"].astype(bool)]
     target = f"{VAL_LOSS_TOLERANCE:.0%}"
+    helps = part[part["speeds_up"].astype(bool)]
     if len(helps):
-        said = ", ".join(f"{r.recipe} {r.step_time} ({r.val_loss_diff_pct:+.2f}% loss, "
-                         f"{r.loss_reading})" for r in helps.itertuples())
-        return (f"{model} ({where}): float8 speeds up its training on this run - {said} - "
-                f"with the validation loss within the course's {target} target.")
-    unread = part[part.get("faster", False) & ~part.get("target_readable", True)] \
-        if {"faster", "target_readable"} <= set(part) else part[:0]
-    if len(unread):
-        said = ", ".join(f"{r.recipe} {r.step_time} per step ({r.val_loss_diff_pct:+.2f}% loss, "
-                         f"{r.loss_reading})" for r in unread.itertuples())
-        return (f"{model} ({where}): float8 is faster on this run - {said} - but the run cannot "
-                f"say whether its loss holds the course's {target} target: the yardstick is too "
-                "wide at this training length.")
+        said = ", ".join(f"{r.recipe} {r.step_label}" for r in helps.itertuples())
+        return (f"{model} ({where}): float8 speeds up its training on this run ({said}), the "
+                f"validation loss within the course's {target} target against its yardstick.")
+    open_ = part[part["faster"].astype(bool) & (part["target"] == "undecided")]
+    if len(open_):
+        said = ", ".join(f"{r.recipe} {r.step_label}" for r in open_.itertuples())
+        return (f"{model} ({where}): float8 is faster on this run ({said}), but whether its "
+                f"loss holds the {target} target is undecided against the other seeds' spread.")
     return (f"{model} ({where}): float8 does not speed up its training on this run - no recipe "
-            f"was measurably faster than bf16 with its validation loss within the course's "
-            f"{target} target.")
+            f"was measurably faster than bf16 with its loss within the {target} target.")
 
 
 def summary_table(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
@@ -907,11 +902,12 @@ def summary_table(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.Data
         rows.append(("launch-bound", launch_bound_line(sweep, device_type)))
     for r in (verdict.itertuples() if len(verdict) else ()):
         loss = ("" if pd.isna(getattr(r, "val_loss_diff_pct", math.nan)) else
-                f"; loss {r.val_loss_diff_pct:+.3f}%, {r.loss_reading} ({r.yardstick})")
-        rows.append((f"{r.model}, {r.recipe}", f"step time {r.step_time}{loss}; "
+                f"; loss {r.val_loss_diff_pct:+.3f}%, {r.loss_verdict} against {r.yardstick} "
+                f"({r.yardstick_pct:.3f}%), target {r.target}")
+        rows.append((f"{r.model}, {r.recipe}", f"step time {r.step_label}{loss}; "
                      + ("speeds up training" if r.speeds_up else
-                        "faster; the loss target cannot be read on this run"
-                        if getattr(r, "faster", False) and not getattr(r, "target_readable", True)
+                        "faster; the target is undecided on this run"
+                        if r.faster and r.target == "undecided"
                         else "does not speed up training")))
     for r in (reconciled.to_dict("records") if len(reconciled) else ()):
         rows.append((f"{r['model']}, {r['recipe']}: sweep vs step", r["reading"]))
