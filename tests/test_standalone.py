@@ -53,7 +53,8 @@ def test_a_notebook_copied_alone_installs_the_course_and_runs(tmp_path):
     shutil.copy(clone / "notebooks" / name, alone / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COURSE_", "PYTHON"))}
     # PIP_NO_COMPILE: the setup cell's pip writes no .pyc files (half its time on two CPUs)
-    env.update(COURSE_REPO=f"file://{clone}", COURSE_REF=head, COURSE_PROFILE="smoke", PIP_NO_COMPILE="1",
+    env.update(COURSE_REPO=f"file://{clone}", COURSE_REF=head, COURSE_PROFILE="smoke",
+               PIP_NO_COMPILE="1",
                HOME=str(tmp_path), PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")
     _run([str(python), "-m", "nbconvert", "--to", "notebook", "--execute",
           "--ExecutePreprocessor.timeout=600", "--output", "executed.ipynb", name],
