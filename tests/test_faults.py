@@ -20,6 +20,13 @@ from helpers import errors, machine, results
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_results_dir(monkeypatch):
+    """The runner refuses COURSE_RESULTS_DIR (a run keeps its tables beside its notebooks),
+    which the suite sets for every test (tests/conftest.py)."""
+    monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
+
+
 def _notebook(path: Path, *sources: str) -> Path:
     nbformat.write(new_notebook(cells=[new_code_cell(s) for s in sources]), path)
     return path
