@@ -77,8 +77,8 @@ def folder_bytes(path: Path) -> int:
 
 
 def megabytes(size: int) -> str:
-    """``12_345_678`` -> ``'12 MB'`` (at least ``'1 MB'``)."""
-    return f"{max(1, round(size / 1e6)):,} MB"
+    """``12_345_678`` -> ``'12 MB'``; under 10 MB to a tenth (at least 0.1): ``'0.6 MB'``."""
+    return f"{max(size, 1e5) / 1e6:.1f} MB" if size < 9.95e6 else f"{round(size / 1e6):,} MB"
 
 
 def slug(text: str) -> str:

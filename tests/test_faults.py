@@ -357,7 +357,7 @@ def test_a_full_disk_during_a_run_removes_it_and_keeps_the_last_complete_one(tmp
     err = captured.err.splitlines()
     assert len(err) == 1 and err[0].startswith(
         f"runner: error: the disk holding {tmp_path} has ")
-    assert "a run needs about 1 MB (the last run's size)" in err[0] and "--out" in err[0]
+    assert "a run needs about 0.1 MB (the last run's size)" in err[0] and "--out" in err[0]
     assert err[0].endswith(f"this run was removed and {out} still holds the last complete run")
     assert "b.ipynb" in captured.out and "total" in captured.out  # the time table
     assert _intact(out) and sorted(p.name for p in tmp_path.iterdir()) == ["a.ipynb", "b.ipynb",
@@ -399,9 +399,9 @@ def test_a_run_that_would_not_fit_is_refused_before_it_starts(tmp_path, monkeypa
     nb = _notebook(tmp_path / "a.ipynb", "raise SystemExit('must not run')")
     assert runner.main([str(nb), "--out", str(out), "--profile", "smoke", "--check"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"runner: error: the disk holding {tmp_path} has 1 MB free, and a run needs "
-                   "about 3 MB (the last run's size): free space there, or choose a folder on "
-                   "another disk with --out (make run OUT=...)\n")
+    assert err == (f"runner: error: the disk holding {tmp_path} has 1.0 MB free, and a run "
+                   "needs about 3.0 MB (the last run's size): free space there, or choose a "
+                   "folder on another disk with --out (make run OUT=...)\n")
     assert _intact(out)
 
 
