@@ -685,7 +685,7 @@ def settings_problem(environ) -> str:
     where = environ.get(RESULTS_DIR_VAR)
     if where:
         return (f"{RESULTS_DIR_VAR}={where} is set, but a run keeps its tables beside its "
-                "notebooks, in <out>/results: unset it (unset " + RESULTS_DIR_VAR + ") and "
+                f"notebooks, in <out>/results: unset it ('unset {RESULTS_DIR_VAR}') and "
                 "choose the run's folder with --out (make run OUT=...)")
     for name in sorted(n for n in environ if n.startswith("COURSE_")):
         if name in settings.KNOWN:
