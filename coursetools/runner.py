@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import difflib
+import json
 import os
 import shutil
 import subprocess
@@ -43,12 +45,32 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
-from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
+try:
+    import nbformat
+    from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
 
-from helpers.errors import CourseError, check_parameters
-from helpers.results import incomplete_dir, previous_dir, staging_dir, swap_in
-from helpers.run_profile import ProfileError, resolve
+    from helpers.run_profile import ProfileError, resolve
+except ModuleNotFoundError as _missing:  # a Python without the course's packages
+    if __name__ != "__main__":
+        raise
+    sys.exit(f"runner: error: this Python ({sys.executable}) has no {_missing.name}: run the "
+             "notebooks with 'make run', or with the course's Python: "
+             ".venv/bin/python -m coursetools.runner")
+
+from helpers import settings
+from helpers.errors import CourseError, check_parameters, one_line
+from helpers.results import (
+    NO_SPACE,
+    DiskFull,
+    atomic_write_text,
+    folder_bytes,
+    incomplete_dir,
+    megabytes,
+    no_space,
+    previous_dir,
+    staging_dir,
+    swap_in,
+)
 from helpers.settings import HEADLESS_VAR, PROFILE_VAR, RESULTS_DIR_VAR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +81,49 @@ CHAPTER_GLOB = "[0-9][0-9]_*.ipynb"  # a chapter is notebooks/NN_<topic>.ipynb; 
 def course_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     """The course's notebooks in their order, found in ``folder``: no list to edit for a new one."""
     return sorted(folder.glob(CHAPTER_GLOB))
+
+
+class UnreadableNotebook(CourseError):
+    """A notebook file that is not a notebook (cut short, not JSON); the message is the one
+    sentence naming it, with the fix."""
+
+
+def shown(path: Path) -> str:
+    """``path`` as the reader types it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def read_notebook(path: Path):
+    """The notebook at ``path`` (nbformat 4); :class:`UnreadableNotebook` when it is not one."""
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - NotJSONError, a decoding or schema error, OSError
+        try:
+            json.loads(Path(path).read_bytes())
+            why = one_line(exc)
+        except ValueError as bad:  # the JSON's own error says where it breaks off
+            why = f"not JSON: {bad}"
+        except OSError as gone:
+            why = one_line(gone)
+        name = shown(path)
+        raise UnreadableNotebook(
+            f"{name} is not a readable notebook ({why}): restore it with "
+            f"'git checkout -- {name}' (or see what changed with 'git diff -- {name}')") from None
+
+
+def _readable(paths: list[Path]) -> list[tuple[Path, object]]:
+    """(path, notebook) of the notebooks of ``paths`` that can be read; the others are left to
+    the run, which names each one as it comes to it."""
+    found = []
+    for path in paths:
+        try:
+            found.append((path, read_notebook(path)))
+        except UnreadableNotebook:
+            continue
+    return found
 
 
 @dataclass
@@ -120,7 +185,7 @@ def parameter_names(nb) -> set[str]:
 
 def unknown_params(paths: list[Path], params: dict) -> list[str]:
     """The names in ``params`` that no notebook of ``paths`` defines."""
-    known = set().union(*(parameter_names(nbformat.read(p, as_version=4)) for p in paths))
+    known = set().union(*(parameter_names(nb) for _, nb in _readable(paths)))
     return sorted(set(params) - known)
 
 
@@ -203,8 +268,7 @@ def type_problems(paths: list[Path], items: list[str]) -> str:
     params = parse_params(items)
     raw = {item.partition("=")[0].strip(): item.strip() for item in items}
     refusing: dict[tuple[str, str], list[Path]] = {}
-    for path in paths:
-        nb = nbformat.read(path, as_version=4)
+    for path, nb in _readable(paths):
         defined = parameter_names(nb)
         for name, kinds in parameter_types(nb).items():
             if name not in params or name not in defined:
@@ -300,15 +364,36 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
     ``timeout`` bounds each cell; ``notebook_timeout`` the whole notebook (the cell running when
     it expires is interrupted and reported as the failing one). ``params`` are set with
     papermill where the notebook defines them."""
+    try:
+        source = read_notebook(path)
+    except UnreadableNotebook as exc:  # named, and the run goes on with the next notebook
+        return NotebookRun(path.name, 0.0, False, path, str(exc))
     path = path.resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / path.name
     results = (out_dir / "results").resolve()
-    results.mkdir(parents=True, exist_ok=True)
+    try:
+        results.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if not no_space(exc):
+            raise
+        return NotebookRun(path.name, 0.0, False, target, f"{one_line(exc)} ({results})")
+    saved = dict(os.environ)  # the kernel's variables, for this notebook only
     os.environ.update({PROFILE_VAR: profile, RESULTS_DIR_VAR: str(results), HEADLESS_VAR: "1",
                        "PYTHONUNBUFFERED": "1"})
     paths = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    nb, applied = inject(nbformat.read(path, as_version=4), params or {}, kernel)
+    try:
+        return _execute(source, path, target, timeout=timeout, kernel=kernel, params=params,
+                        notebook_timeout=notebook_timeout, sampler=sampler)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _execute(nb, path: Path, target: Path, *, timeout: int, notebook_timeout: float | None,
+             kernel: str, params: dict | None, sampler: GpuMemorySampler | None) -> NotebookRun:
+    """:func:`execute` once the notebook is read and its kernel's variables are set."""
+    nb, applied = inject(nb, params or {}, kernel)
     # The kernel's own log (e.g. its note on local TCP sockets) stays out of the run's output.
     processor = ExecutePreprocessor(timeout=timeout, kernel_name=kernel,
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
@@ -317,7 +402,6 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
         deadline = start + notebook_timeout
         processor.timeout_func = lambda _cell: max(
             1, int(min(timeout, deadline - time.perf_counter())))
-    target = out_dir / path.name
     ok, error, interrupted = True, "", False
     try:
         processor.preprocess(nb, {"metadata": {"path": str(path.parent)}})
@@ -331,7 +415,12 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
         ok = False
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
     seconds = time.perf_counter() - start
-    nbformat.write(nb, target)
+    try:
+        atomic_write_text(target, nbformat.writes(nb) + "\n")
+    except OSError as exc:  # a full disk: the run stops there (run_all), and says so
+        if not no_space(exc):
+            raise
+        ok, error = False, f"{one_line(exc)} (writing the executed copy {target})"
     peak = sampler.peak_gib(start) if sampler is not None else None
     return NotebookRun(path.name, seconds, ok, target, error, interrupted, applied or None, peak)
 
@@ -353,8 +442,8 @@ def run_all(paths: list[Path], out_dir: Path, *, profile: str = "auto",
                 status += "  (" + ", ".join(f"{k}={v!r}" for k, v in run.parameters.items()) + ")"
             print(f"  {run.seconds:7.1f} s  {status}", flush=True)
             runs.append(run)
-            if run.interrupted:
-                break
+            if run.interrupted or says_no_space(run.error):
+                break  # on a full disk, every notebook after it would fail the same way
     finally:
         if sampler is not None:
             sampler.close()
@@ -362,7 +451,8 @@ def run_all(paths: list[Path], out_dir: Path, *, profile: str = "auto",
 
 
 def out_problem(out: Path) -> str:
-    """'' when ``out`` (and ``<out>.partial`` beside it) can be written, else one sentence."""
+    """'' when ``out`` (and ``<out>.partial`` beside it) can be written, with room there for a
+    run the size of the last one, else one sentence."""
     blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         return (f"cannot write the run's output to {out} ({blocker} is a file, not a folder): "
@@ -376,8 +466,12 @@ def out_problem(out: Path) -> str:
             probe.touch()
             probe.unlink()
     except OSError as exc:
+        if no_space(exc):
+            return space_sentence(out)
         return (f"cannot write the run's output to {out} ({exc.strerror or exc}): choose a "
                 "writable folder with --out (make run OUT=...).")
+    if shutil.disk_usage(out.parent).free < last_run_bytes(out):
+        return space_sentence(out)
     return ""
 
 
@@ -402,7 +496,40 @@ def repoint_outputs(staging: Path, final: Path) -> None:
                     output["text"] = output["text"].replace(old, new)
                     changed = True
         if changed:
-            nbformat.write(nb, path)
+            try:
+                atomic_write_text(path, nbformat.writes(nb) + "\n")
+            except OSError:  # a full disk: the copy keeps the staging folder's paths
+                continue
+
+
+class NoSpaceForRun(CourseError):
+    """The disk filled during a run, which was then removed; the message is the one sentence.
+    ``runs``: the notebooks that ran, for the time table."""
+
+    def __init__(self, sentence: str, runs: list[NotebookRun]):
+        super().__init__(sentence)
+        self.runs = runs
+
+
+def says_no_space(error: str) -> bool:
+    """True when a notebook's error is a full disk (its own write, or the runner's)."""
+    return NO_SPACE in error or "[Errno 28]" in error or "[Errno 122]" in error
+
+
+def last_run_bytes(out: Path) -> int:
+    """The size of the last run here: ``out``, else ``<out>.incomplete`` (0 without either)."""
+    return next((folder_bytes(p) for p in (out, incomplete_dir(out)) if p.is_dir()), 0)
+
+
+def space_sentence(out: Path) -> str:
+    """The one sentence for a disk without room for a run: the folder, the room there and what
+    a run needs (the last run's size, where there is one)."""
+    folder = next((p for p in (out.parent, *out.parent.parents) if p.exists()), out.parent)
+    free, need = shutil.disk_usage(folder).free, last_run_bytes(out)
+    room = (f"has {megabytes(free)} free, and a run needs about {megabytes(need)} (the last "
+            "run's size)" if need else f"is full ({megabytes(free)} free)")
+    return (f"the disk holding {folder.resolve()} {room}: free space there, or choose a folder "
+            "on another disk with --out (make run OUT=...)")
 
 
 def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
@@ -412,22 +539,43 @@ def run_into(paths: list[Path], out: Path, *, profile: str, timeout: int = 900,
     replaces ``out`` (``out`` before it becomes ``<out>.previous`` when ``keep_previous``, else
     is removed) and removes an older ``<out>.incomplete``; a run that failed or was interrupted
     becomes ``<out>.incomplete`` (replacing an older one) and leaves ``out``, the last complete
-    run, as it was. Each run's ``output`` names where its executed copy is now."""
+    run, as it was. A run that fills the disk is removed, and :class:`NoSpaceForRun` says so
+    (``out`` and ``<out>.incomplete`` as they were). Each run's ``output`` names where its
+    executed copy is now."""
     staging = staging_dir(out)
     runs: list[NotebookRun] = []
-    complete = False
     try:
         runs = run_all(paths, staging, profile=profile, timeout=timeout,
                        notebook_timeout=notebook_timeout, params=params)
-        complete = is_complete(runs, paths)
-    finally:  # also on Ctrl-C between two notebooks: that run is incomplete
-        target = swap_in(staging, out, complete=complete, keep_previous=keep_previous,
-                         prepare=lambda target: repoint_outputs(staging, target))
-    for run in runs:
-        run.output = target / run.output.name
-    if target.exists():
-        write_runs(target / "runs.json", runs, profile)
+        if any(says_no_space(r.error) for r in runs):
+            raise DiskFull(staging)
+        if staging.exists():
+            write_runs(staging / "runs.json", runs, profile)
+    except OSError as exc:
+        if not no_space(exc):
+            _set_aside(staging, out, runs, complete=False, keep_previous=keep_previous)
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # what it wrote would not be whole
+        kept = (f"{out.resolve()} still holds the last complete run" if out.exists() else
+                f"there is no complete run in {out.resolve()} yet")
+        raise NoSpaceForRun(f"{space_sentence(out)}; this run was removed and {kept}",
+                            runs) from None
+    except BaseException:  # also on Ctrl-C between two notebooks: that run is incomplete
+        _set_aside(staging, out, runs, complete=False, keep_previous=keep_previous)
+        raise
+    _set_aside(staging, out, runs, complete=is_complete(runs, paths), keep_previous=keep_previous)
     return runs
+
+
+def _set_aside(staging: Path, out: Path, runs: list[NotebookRun], *, complete: bool,
+               keep_previous: bool) -> None:
+    """:func:`helpers.results.swap_in` of the run in ``staging``; each run's ``output`` then
+    names where its executed copy is."""
+    target = swap_in(staging, out, complete=complete, keep_previous=keep_previous,
+                     prepare=lambda target: repoint_outputs(staging, target))
+    for run in runs:
+        if run.output.parent == staging:  # not an unreadable source, which stays where it is
+            run.output = target / run.output.name
 
 
 def where_line(out: Path, runs: list[NotebookRun] | None, paths: list[Path]) -> str:
@@ -498,8 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = args.notebooks or course_notebooks()
     missing = [p for p in paths if not p.exists()]
     problem = (f"no such notebook: {', '.join(map(str, missing))}" if missing else
-               profile_problem(args.profile) or out_problem(args.out)
-               or params_problem(paths, args.param))
+               settings_problem(os.environ) or profile_problem(args.profile)
+               or out_problem(args.out) or params_problem(paths, args.param))
     if problem:
         print(f"runner: error: {problem}", file=sys.stderr)
         return 2
@@ -512,15 +660,41 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # between two notebooks
         print(f"interrupted (Ctrl-C); {where_line(args.out, None, paths)}", file=sys.stderr)
         return 130
+    except NoSpaceForRun as full:
+        print()
+        print(summary(full.runs))
+        print(f"runner: error: {full}", file=sys.stderr)
+        return 1
     print()
     print(summary(runs))
     print(f"\n{where_line(args.out, runs, paths)}")
     if any(r.interrupted for r in runs):
         return 130
     failed = [r for r in runs if not r.ok]
+    sources = {p.resolve() for p in paths}  # an unreadable notebook has no executed copy
     for r in failed:
-        print(f"FAILED {r.name}: {r.error}\n  see {r.output}", file=sys.stderr)
+        see = "" if r.output.resolve() in sources else f"\n  see {r.output}"
+        print(f"FAILED {r.name}: {r.error}{see}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def settings_problem(environ) -> str:
+    """'' when every ``COURSE_*`` setting in ``environ`` is one the runner honours, else the one
+    sentence: ``COURSE_RESULTS_DIR`` (a run keeps its tables beside its notebooks), or a name
+    that is a misspelling of a course setting."""
+    where = environ.get(RESULTS_DIR_VAR)
+    if where:
+        return (f"{RESULTS_DIR_VAR}={where} is set, but a run keeps its tables beside its "
+                f"notebooks, in <out>/results: unset it ('unset {RESULTS_DIR_VAR}') and "
+                "choose the run's folder with --out (make run OUT=...)")
+    for name in sorted(n for n in environ if n.startswith("COURSE_")):
+        if name in settings.KNOWN:
+            continue
+        close = difflib.get_close_matches(name, settings.KNOWN, n=1, cutoff=0.85)
+        if close:
+            return (f"{name} is not a course setting (did you mean {close[0]}?): rename it, "
+                    f"or unset {name}")
+    return ""
 
 
 def params_problem(paths: list[Path], items: list[str]) -> str:

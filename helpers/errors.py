@@ -2,7 +2,8 @@
 needs, and a notebook or script shows that sentence alone.
 
 - :func:`stop` ends a notebook or script on its sentence; :func:`check_parameters` refuses a
-  parameters-cell value of the wrong type before any work;
+  parameters-cell value of the wrong type (and a results folder that cannot be written) before
+  any work;
 - :func:`one_line` turns any exception into ``Type: first line`` for such a sentence, and
   :func:`cuda_failure` names the fix for a failed first kernel launch;
 - :func:`oom_exit` and :func:`compile_guard` for the two failures a reader meets most.
@@ -60,7 +61,17 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
 def check_parameters(namespace: dict, expected: dict[str, type | tuple[type, ...]]) -> None:
     """Refuse, in one sentence and before any work, a parameters-cell value of the wrong type:
     ``check_parameters(globals(), {"steps": (int, type(None)), "lr": float})``. An int passes
-    for a float; a bool never passes for a number."""
+    for a float; a bool never passes for a number. A results folder named by
+    ``COURSE_RESULTS_DIR`` (papermill, a learner) is checked here too, so that one that cannot
+    be written stops the notebook before its work, not at its first table."""
+    import os
+
+    from helpers.settings import RESULTS_DIR_VAR
+
+    if os.environ.get(RESULTS_DIR_VAR):
+        from helpers.results import results_dir
+
+        results_dir()  # its one sentence, when the folder cannot be written
     for name, kinds in expected.items():
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)
         value = namespace.get(name)

@@ -11,6 +11,8 @@ notebook 07's training script, several launches at once), a plan in and a JSON r
   stops each child's whole process group and every process the child moved into a group of its
   own (torchrun's ranks), by id (:func:`stop`). After a child exits, what is left of its group
   is stopped too: no process outlives its launch;
+- the temporary files: each launch gives its children a ``TMPDIR`` of its own and removes it
+  when they ended (torchrun leaves a ``torchelastic_*`` folder per launch otherwise);
 - the failure: one sentence, the exit code (or signal) and the child's last error line
   (:func:`failure_sentence`), or for torchrun the rank that failed first and its last error.
 """
@@ -18,9 +20,11 @@ notebook 07's training script, several launches at once), a plan in and a JSON r
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,10 +121,25 @@ def run(program: list[str], plan: dict, out: Path | str, *, timeout: float,
     return run_all([Job(program, plan, out, env, past_limit=past_limit)], timeout=timeout)[0]
 
 
+def scratch_env(env: dict[str, str], scratch: Path | str) -> dict[str, str]:
+    """``env`` with ``TMPDIR`` set to ``scratch``, the launch's own temporary folder (torchrun
+    makes a ``torchelastic_*`` folder there per launch, and leaves it), while torch.compile's
+    cache stays where it was, so that it lasts from one launch to the next."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch names its default
+    except (KeyError, OSError):  # no name for this user id
+        user = str(os.getuid())
+    cache = env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{user}")
+    return {**env, "TMPDIR": str(scratch), "TORCHINDUCTOR_CACHE_DIR": cache}
+
+
 def run_all(jobs: list[Job], *, timeout: float) -> list[Result]:
     """Start every job, then wait for them all until ``timeout`` seconds after the last one
-    started (on CPUs, one child's idle time is another's work); read what each left."""
+    started (on CPUs, one child's idle time is another's work); read what each left. The
+    children's temporary files go into a folder of this launch, removed once they all ended."""
     started: list[tuple[Job, Result, subprocess.Popen | None, tuple]] = []
+    scratch = tempfile.mkdtemp(prefix="course-launch-")
     try:
         for job in jobs:
             out = Path(job.out)
@@ -132,8 +151,8 @@ def run_all(jobs: list[Job], *, timeout: float) -> list[Result]:
             out.unlink(missing_ok=True)
             logs = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
             started.append((job, result, None, logs))
-            proc = subprocess.Popen(result.cmd, cwd=CHECKOUT,
-                                    env=child_env() if job.env is None else job.env,
+            env = scratch_env(child_env() if job.env is None else job.env, scratch)
+            proc = subprocess.Popen(result.cmd, cwd=CHECKOUT, env=env,
                                     stdout=logs[0], stderr=logs[1], text=True,
                                     start_new_session=True)  # its own process group
             started[-1] = (job, result, proc, logs)
@@ -150,6 +169,7 @@ def run_all(jobs: list[Job], *, timeout: float) -> list[Result]:
         for _, _, _, logs in started:
             for log in logs:
                 log.close()
+        shutil.rmtree(scratch, ignore_errors=True)  # torchrun's torchelastic_* folders with it
     return [result for _, result, _, _ in started]
 
 

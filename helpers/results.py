@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -42,6 +43,44 @@ def results_dir() -> Path:
     return path
 
 
+NO_SPACE = "No space left on device"  # how a full disk reads, in an error and in a cell's output
+
+
+def no_space(exc: BaseException) -> bool:
+    """True for the error a full disk (or a full quota) raises."""
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFull(CourseError, OSError):
+    """A write that found the disk full: an ``OSError`` (ENOSPC) whose text is the one
+    sentence naming the folder, with the fix."""
+
+    def __init__(self, path: Path):
+        super().__init__(errno.ENOSPC, f"{NO_SPACE} to write {path}: free space in "
+                         f"{path.parent}, or set {RESULTS_DIR_VAR} to a folder with room, and "
+                         "run again.")
+
+    def __str__(self) -> str:
+        return self.args[1]
+
+
+def folder_bytes(path: Path) -> int:
+    """The bytes of the files under ``path`` (0 when it does not exist)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def megabytes(size: int) -> str:
+    """``12_345_678`` -> ``'12 MB'``; under 10 MB to a tenth (at least 0.1): ``'0.6 MB'``."""
+    return f"{max(size, 1e5) / 1e6:.1f} MB" if size < 9.95e6 else f"{round(size / 1e6):,} MB"
+
+
 def slug(text: str) -> str:
     """A file-name-safe slug: 'NVIDIA H200' -> 'nvidia-h200'."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
@@ -58,15 +97,22 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
     a half-written file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        if no_space(exc):
+            raise DiskFull(path) from None
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a result file is for sharing
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if no_space(exc) and not isinstance(exc, DiskFull):
+            raise DiskFull(path) from None
         raise
     return path
 

@@ -13,3 +13,8 @@ LEGACY_DIR_VAR = "COURSE_LEGACY_AMP_DIR"  # the legacy apex.amp install, for not
 # The tests' smoke run takes only these notebooks (numbers, e.g. "08" or "05,07"): a new
 # chapter's quick loop; unset, every notebook runs (tests/conftest.py)
 TEST_NOTEBOOKS_VAR = "COURSE_TEST_NOTEBOOKS"
+# Read by the scripts, not by Python: the Python the course runs in, and the lab's environment
+PYTHON_VAR, LAB_VENV_VAR = "COURSE_PYTHON", "COURSE_LAB_VENV"
+# Every course setting: a COURSE_* name close to one of these is a misspelling (the runner says so)
+KNOWN = (PROFILE_VAR, HEADLESS_VAR, RESULTS_DIR_VAR, MEMORY_VAR, COMMIT_VAR, REPO_VAR, REF_VAR,
+         LEGACY_DIR_VAR, TEST_NOTEBOOKS_VAR, PYTHON_VAR, LAB_VENV_VAR)

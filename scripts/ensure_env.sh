@@ -9,7 +9,10 @@
 #    environment.yml, or a GPU machine's preinstalled CUDA torch); missing packages are added
 #    with pip, and torch itself is never replaced.
 # 4. Otherwise .venv is created and filled from requirements.txt (torch 2.13.0 and the pins),
-#    with pip's progress shown and a line first saying what it downloads.
+#    with pip's progress shown and a line first saying what it downloads (the torch wheel pip
+#    picks, its size, and the nvidia-* wheels of a CUDA build), as pip itself answers.
+# A package pip counts as installed but Python cannot import (its folder removed) is reinstalled
+# once; a .venv still broken after that is named, with the command that starts it again.
 # Every Python must be 3.11 or newer: an older one stops the script with one sentence, before
 # any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets) are left to `make lab`
 # (scripts/lab.sh), which keeps the lab server in its own environment. Progress goes to stderr,
@@ -68,6 +71,42 @@ PY
 
 has_torch() { "$1" -c "import torch" >/dev/null 2>&1; }
 
+torch_download() {  # torch_download PY: what pip in PY will download for torch, in words, or ''
+  local report
+  report=$("$1" -m pip install --dry-run --ignore-installed --quiet --report - --retries 0 \
+             --timeout 15 "$torch_pin" 2>/dev/null) || return 0
+  "$1" - "$report" <<'PY' 2>/dev/null || true
+import concurrent.futures, json, os, sys, urllib.parse, urllib.request
+
+def size(url):  # bytes of the file at url, None when it cannot tell
+    try:
+        if url.startswith("file:"):
+            return os.path.getsize(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=5) as answer:
+            return int(answer.headers["Content-Length"])
+    except Exception:
+        return None
+
+def mb(n):
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{max(1, round(n / 1e6))} MB"
+
+found = {i["metadata"]["name"].lower(): i["download_info"]["url"]
+         for i in json.loads(sys.argv[1])["install"]}
+cuda = [url for name, url in found.items() if name.startswith("nvidia-")]
+with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    sizes = list(pool.map(size, [found["torch"], *cuda]))
+wheel = urllib.parse.unquote(found["torch"].rsplit("/", 1)[-1].split("#")[0])
+said = wheel + (f" ({mb(sizes[0])})" if sizes[0] else "")
+if cuda:
+    total = sum(sizes) if None not in sizes else None
+    print(f"{said} and {len(cuda)} nvidia-* wheels, a CUDA build"
+          + (f" of {mb(total)} together" if total else " of several GB together"))
+else:
+    print(f"{said}, a CPU-only build, and the course's other pins")
+PY
+}
+
 install_helpers() {  # editable install of the helpers package, when pip can do it offline
   local py=$1
   # Run from / so the checkout in the working directory does not count as installed.
@@ -81,7 +120,7 @@ install_helpers() {  # editable install of the helpers package, when pip can do 
 }
 
 fill() {  # fill: install what is missing, keeping the torch already there
-  local py=$1 missing
+  local py=$1 missing others
   missing=$(missing_modules "$py")
   if [ "$for_tests" = 1 ] && ! command -v shellcheck >/dev/null 2>&1 \
      && [ ! -x "$(dirname "$(command -v "$py")")/shellcheck" ]; then
@@ -93,8 +132,39 @@ fill() {  # fill: install what is missing, keeping the torch already there
     pins_without "torch|$lab_pins"
     "$py" -m pip install -q -r "$reqs" >&2 \
       || die "pip could not install the course's packages; check your network or install them from environment.yml"
+    others=" $missing "
+    repair "$py" "${others/ torch / }"  # torch is never installed here (see above)
   fi
   install_helpers "$py"
+}
+
+# A package whose files are gone while pip still counts it as installed (a folder removed from
+# site-packages): `pip install -r` leaves it as it is. Its pin is reinstalled once, over it; what
+# still cannot be imported then ends the script in one sentence, never in another install.
+import_fails() {  # import_fails PY "MODULES": print those of MODULES that PY cannot import
+  local m failed=""
+  for m in $2; do
+    [ "$m" = shellcheck ] || "$1" -c "import $m" >/dev/null 2>&1 || failed="$failed $m"
+  done
+  printf '%s' "${failed# }"
+}
+
+repair() {  # repair PY "MODULES": the modules just installed import, else one reinstall, else die
+  local py=$1 broken pins="" m
+  broken=$(import_fails "$py" "$2")
+  [ -n "$broken" ] || return 0
+  for m in $broken; do
+    case "$m" in xdist) m=pytest-xdist ;; yaml) m=pyyaml ;; esac
+    pins="$pins $(grep -oiE "^$m==[^ #]+" "$root/requirements.txt" || true)"
+  done
+  # shellcheck disable=SC2086  # one argument per pin
+  [ -z "${pins// /}" ] || "$py" -m pip install -q --force-reinstall --no-deps $pins >&2 || true
+  broken=$(import_fails "$py" "$broken")
+  [ -n "$broken" ] || return 0
+  if [ "$py" = "$venv/bin/python" ]; then
+    die "$broken still cannot be imported after reinstalling it, so .venv is broken beyond repair: remove it and start again with: rm -rf .venv && make test"
+  fi
+  die "$py cannot import $broken even after pip reinstalled it: repair that Python's packages, or unset COURSE_PYTHON so that the course makes its own .venv"
 }
 
 if [ -n "${COURSE_PYTHON:-}" ]; then
@@ -156,17 +226,19 @@ if [ -e "$venv" ]; then
 fi
 
 torch_pin=$(grep -oE '^torch==[^ #]+' "$root/requirements.txt")
-what="no working torch in $base_python: installing requirements.txt from PyPI into .venv"
-if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; then
-  say "$what; its $torch_pin is a CUDA build on Linux x86-64, several GB with its nvidia-* wheels; to keep it small, stop now (Ctrl-C), run '$base_python -m venv .venv && .venv/bin/python -m pip install $torch_pin --index-url $cpu_index' and then this command again"
-else
-  say "$what ($torch_pin and the course's other pins)"
-fi
 "$base_python" -m venv ${clear:+"$clear"} "$venv" \
   || die "could not create .venv; on Debian install the venv module: apt-get install python3-venv"
+hint="to keep it small, stop now (Ctrl-C), run '$venv/bin/python -m pip install $torch_pin --index-url $cpu_index' and then this command again"
+what=$(torch_download "$venv/bin/python")
+case "$what" in
+  *"CUDA build"*) say "installing requirements.txt into .venv: pip will download $what; $hint" ;;
+  "") say "installing requirements.txt into .venv: pip could not tell beforehand which build of $torch_pin it will download (no package index answered), so its progress below shows it" ;;
+  *) say "installing requirements.txt into .venv: pip will download $what" ;;
+esac
 "$venv/bin/python" -m pip install -q --upgrade "pip>=23.1" >&2
 pins_without "$lab_pins"
 "$venv/bin/python" -m pip install -r "$reqs" >&2 \
   || die "pip could not install requirements.txt into .venv; check the network and retry 'make test'"
+repair "$venv/bin/python" torch
 install_helpers "$venv/bin/python"
 echo "$venv/bin/python"

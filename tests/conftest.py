@@ -8,6 +8,8 @@
   ``READS_FROM``, first); without the mark, all of them run. Notebook 06 runs with
   ``emulate_fp8=True`` (``SMOKE_PARAMS``), so its sections 3-4 (float8 training through
   torchao's emulation) execute on the CPU too.
+* A course notebook that cannot be read (a file cut short) fails one test,
+  tests/test_notebook_files.py; every other test that needs it is skipped, saying so.
 * With pytest-xdist installed, ``pytest`` without ``-n`` runs one worker more than the cores
   (at most ``MAX_WORKERS``) with ``--dist loadgroup`` (``-n N`` alone: loadgroup too). Tests
   that share an expensive fixture (one notebook's smoke run, or a module-scoped fixture of
@@ -46,6 +48,27 @@ def _selected_notebooks() -> list[Path]:
 
 
 NOTEBOOKS = _selected_notebooks()  # what the smoke runs execute, and test_notebooks.py checks
+
+
+def _unreadable_notebooks() -> dict[str, str]:
+    """The course's notebooks that are not readable notebooks (a file cut short, not JSON):
+    name -> the runner's one sentence naming it, with the fix."""
+    from coursetools.runner import UnreadableNotebook, course_notebooks, read_notebook
+
+    found = {}
+    for path in course_notebooks():
+        try:
+            read_notebook(path)
+        except UnreadableNotebook as exc:
+            found[path.name] = str(exc)
+    return found
+
+
+# One test fails for each of these (test_notebook_files.py); a test that cannot read one, or
+# reads a smoke run that includes one, is skipped, pointing there, instead of failing too.
+UNREADABLE = _unreadable_notebooks()
+READ_ERRORS = ("NotJSONError", "JSONDecodeError", "UnreadableNotebook", "UnicodeDecodeError",
+               "NotebookValidationError")  # how reading a broken notebook fails
 # set where a notebook defines the name (runner --param): 06 runs its float8 sections emulated
 SMOKE_PARAMS = {"emulate_fp8": True}
 # notebooks that read an earlier one's results when it ran into the same folder, as in `make run`
@@ -112,6 +135,9 @@ def smoke_run(request, _smoke_out):
     from coursetools import runner
 
     unit = smoke_unit(_smoke_numbers(request.node))
+    broken = [name for name in UNREADABLE if name[:2] in unit]
+    if broken:
+        pytest.skip(_unreadable_reason(broken))
     todo = [p for p in NOTEBOOKS if p.name[:2] in unit and p.name not in _smoke_runs]
     if todo:
         saved = dict(os.environ)  # the runner sets the kernels' variables in this process
@@ -140,6 +166,49 @@ class SmokeRuns(dict):
             raise KeyError(f"{name}: not in this test's smoke run - mark the test "
                            f"@pytest.mark.smoke({name[:2]!r})")
         pytest.skip(f"{name} is not in this smoke run (${TEST_NOTEBOOKS_VAR})")
+
+
+def _unreadable_reason(names) -> str:
+    return (f"{', '.join(sorted(names))} cannot be read as a notebook: "
+            "tests/test_notebook_files.py fails for it, with the fix")
+
+
+def _read_error(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or an error it came from) is one of reading a broken notebook."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in READ_ERRORS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """While a course notebook is unreadable, a test that fails on reading a notebook, or whose
+    failure names that notebook (ruff's lint of it), is reported skipped, not failed:
+    test_notebook_files.py reports the notebook once."""
+    outcome = yield
+    report = outcome.get_result()
+    if (UNREADABLE and report.failed and call.excinfo is not None
+            and item.path.name != "test_notebook_files.py"
+            and (_read_error(call.excinfo.value)
+                 or any(name in str(report.longrepr) for name in UNREADABLE))):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1,
+                           f"Skipped: {_unreadable_reason(UNREADABLE)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a test file that reads a notebook when it is imported."""
+    outcome = yield
+    report = outcome.get_result()
+    if UNREADABLE and report.failed and any(e in str(report.longrepr) for e in READ_ERRORS):
+        outcome.force_result(pytest.CollectReport(
+            report.nodeid, "skipped", (str(collector.path), 0,
+                                       f"Skipped: {_unreadable_reason(UNREADABLE)}"), None))
 
 
 SMOKE_SECONDS = "course_smoke_seconds"  # workerinput key: where each smoke notebook's seconds go

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CPU_HINT = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 # A stand-in Python of version @VERSION@. It answers the version probe, `import torch` (true when
-# a has_torch file sits next to its bin/ folder), the missing-modules probe ($FAKE_MISSING), and
-# logs `-m venv` (creating a .venv with a copy of itself) and `-m pip` (with the -r file's lines).
+# a has_torch file sits next to its bin/ folder), the missing-modules probe ($FAKE_MISSING),
+# `import X` (fails for the modules of $FAKE_BROKEN), and logs `-m venv` (creating a .venv with a
+# copy of itself) and `-m pip` (with the -r file's lines; --dry-run prints $FAKE_REPORT, and
+# --force-reinstall repairs $FAKE_BROKEN when FAKE_FIXES=1).
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 here=$(cd "$(dirname "$0")" && pwd)
 log() { printf '%s\n' "$*" >> "$FAKE_LOG"; }
@@ -27,9 +30,13 @@ case "$1" in
     case "$2" in
       *version_info*) echo "@VERSION@"; exit @TOO_OLD@ ;;
       *"import torch"*) [ -e "$here/../has_torch" ] || exit 1; echo 2.13.0; exit 0 ;;
+      "import "*)  # a module of $FAKE_BROKEN fails, until a --force-reinstall with FAKE_FIXES=1
+        [ -e "$here/../repaired" ] && exit 0
+        case " ${FAKE_BROKEN:-} " in *" ${2#import } "*) exit 1 ;; esac; exit 0 ;;
       *) exit 0 ;;
     esac ;;
-  -) cat >/dev/null; echo "${FAKE_MISSING:-}"; exit 0 ;;
+  -) [ "${2:0:1}" != "{" ] || exec "$FAKE_REAL_PYTHON" "$@"  # reading pip's report: real Python
+     cat >/dev/null; echo "${FAKE_MISSING:-}"; exit 0 ;;
   -m)
     if [ "$2" = venv ]; then
       shift 2
@@ -40,6 +47,10 @@ case "$1" in
     fi
     if [ "$2" = pip ]; then
       log "pip $(basename "$0") ${*:3}"
+      case " $* " in
+        *" --dry-run "*) printf '%s' "${FAKE_REPORT:-}"; [ -n "${FAKE_REPORT:-}" ]; exit ;;
+        *" --force-reinstall "*) [ "${FAKE_FIXES:-}" = 1 ] && touch "$here/../repaired" ;;
+      esac
       echo "Downloading something.whl  [progress]"
       prev=""
       for a in "$@"; do
@@ -101,7 +112,8 @@ class Checkout:
 
     def run(self, *args: str, cmd: tuple[str, ...] = ("bash", "scripts/ensure_env.sh"),
             **env: str) -> subprocess.CompletedProcess:
-        full = {"PATH": f"{self.bin}:/usr/bin:/bin", "FAKE_LOG": str(self.log), **env}
+        full = {"PATH": f"{self.bin}:/usr/bin:/bin", "FAKE_LOG": str(self.log),
+                "FAKE_REAL_PYTHON": sys.executable, **env}
         return subprocess.run([*cmd, *args], cwd=self.repo, env=full, text=True,
                               capture_output=True, timeout=60)
 
@@ -223,15 +235,34 @@ def test_broken_venv_of_another_version_is_recreated(co):
 
 # --- item: the first run says what it downloads and shows pip's progress ----------------------
 
-def test_first_venv_says_what_it_downloads_and_shows_progress(co):
+def _report(tmp: Path, torch_wheel: str, *others: str) -> str:
+    """pip's --dry-run --report of torch: its wheel (a file of 2 MB here) and ``others``."""
+    wheel = tmp / torch_wheel
+    wheel.write_bytes(b"x" * 2_000_000)
+    items = [{"metadata": {"name": "torch"}, "download_info": {"url": wheel.as_uri()}}]
+    items += [{"metadata": {"name": name}, "download_info": {"url": (tmp / f"{name}.whl").as_uri()}}
+              for name in others]
+    for name in others:
+        (tmp / f"{name}.whl").write_bytes(b"x" * 1_000_000)
+    import json
+
+    return json.dumps({"install": items})
+
+
+def test_first_venv_says_what_it_downloads_and_shows_progress(co, tmp_path):
     co.python("python3", "3.12")
-    proc = co.run("--for=run")
+    report = _report(tmp_path, "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+                     "nvidia-cublas", "nvidia-cudnn", "sympy")
+    proc = co.run("--for=run", FAKE_REPORT=report)
     assert proc.returncode == 0, proc.stderr
     venv_py = co.repo / ".venv" / "bin" / "python"
     assert proc.stdout == f"{venv_py}\n", "stdout carries the Python path and nothing else"
-    said = [line for line in co.env_lines(proc.stderr) if "torch==2.13.0" in line]
-    assert len(said) == 1, proc.stderr
-    assert "several GB" in said[0] and CPU_HINT in said[0]
+    said = co.env_lines(proc.stderr)
+    assert len(said) == 1, proc.stderr  # the first line: what pip itself says it will download
+    assert said[0].startswith("env: installing requirements.txt into .venv: pip will download "
+                              "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl (2 MB) and 2 "
+                              "nvidia-* wheels, a CUDA build of 4 MB together; to keep it small,")
+    assert CPU_HINT in said[0]
     assert "[progress]" in proc.stderr, "pip's output goes to stderr"
     installs = [c for c in co.pip_calls() if " -r " in c]
     assert len(installs) == 1 and " -q" not in installs[0], co.pip_calls()
@@ -240,13 +271,59 @@ def test_first_venv_says_what_it_downloads_and_shows_progress(co):
     assert not [r for r in reqs if r.startswith(("jupyterlab", "ipywidgets"))]
 
 
-@pytest.mark.parametrize(("os_name", "arch"), [("Darwin", "arm64"), ("Linux", "aarch64")])
-def test_first_venv_elsewhere_makes_no_cuda_claim(co, os_name, arch):
+def test_first_venv_with_a_cpu_build_makes_no_cuda_claim(co, tmp_path):
+    """pip picks a CPU-only wheel (a local index, another platform): the line says so, with no
+    advice to stop."""
     co.python("python3", "3.12")
-    proc = co.run("--for=run", FAKE_OS=os_name, FAKE_ARCH=arch)
+    report = _report(tmp_path, "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl", "sympy")
+    proc = co.run("--for=run", FAKE_REPORT=report)
     assert proc.returncode == 0, proc.stderr
-    said = [line for line in co.env_lines(proc.stderr) if "torch==2.13.0" in line]
-    assert len(said) == 1 and "several GB" not in said[0], proc.stderr
+    assert co.env_lines(proc.stderr) == [
+        "env: installing requirements.txt into .venv: pip will download "
+        "torch-2.13.0+cpu-cp312-cp312-manylinux_2_28_x86_64.whl (2 MB), a CPU-only build, and "
+        "the course's other pins"]
+
+
+def test_first_venv_says_plainly_when_pip_cannot_tell(co):
+    co.python("python3", "3.12")
+    proc = co.run("--for=run")  # no index answers the dry run
+    assert proc.returncode == 0, proc.stderr
+    said = co.env_lines(proc.stderr)
+    assert len(said) == 1 and "pip could not tell beforehand which build of torch==2.13.0" in \
+        said[0] and "CUDA" not in said[0], proc.stderr
+
+
+# --- item: a package pip counts as installed but Python cannot import -------------------------
+
+def test_a_removed_package_folder_is_reinstalled_once(co):
+    co.python("python3", "3.12")
+    co.venv("3.12")
+    proc = co.run("--for=run", FAKE_MISSING="nbformat", FAKE_BROKEN="nbformat", FAKE_FIXES="1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(co.repo / ".venv" / "bin" / "python")
+    forced = [c for c in co.pip_calls() if "--force-reinstall" in c]
+    assert len(forced) == 1 and forced[0].endswith("--no-deps nbformat==5.11.1"), co.pip_calls()
+
+
+@pytest.mark.parametrize("course_python", [False, True], ids=["venv", "COURSE_PYTHON"])
+def test_a_venv_it_cannot_repair_is_named_with_the_command_that_starts_again(co, course_python):
+    co.python("python3", "3.12")
+    py = co.python("python3.12", "3.12", torch=True) if course_python else co.venv("3.12")
+    env = {"COURSE_PYTHON": str(py)} if course_python else {}
+    proc = co.run("--for=run", FAKE_MISSING="nbformat", FAKE_BROKEN="nbformat", **env)
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = co.env_lines(proc.stderr)
+    assert lines[0].startswith("env: missing: nbformat; installing") and len(lines) == 2
+    if course_python:
+        assert lines[1].startswith(f"env: error: {py} cannot import nbformat even after pip "
+                                   "reinstalled it:")
+    else:
+        assert lines[1] == ("env: error: nbformat still cannot be imported after reinstalling "
+                            "it, so .venv is broken beyond repair: remove it and start again "
+                            "with: rm -rf .venv && make test")
+    installs = co.pip_calls()
+    assert len(installs) == 2, installs  # the pins once, the broken one once: no loop
+    assert "--force-reinstall" in installs[1]
 
 
 def test_filling_a_python_leaves_out_torch_and_the_lab_pins(co):

@@ -20,6 +20,13 @@ from helpers import errors, machine, results
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def _no_results_dir(monkeypatch):
+    """The runner refuses COURSE_RESULTS_DIR (a run keeps its tables beside its notebooks),
+    which the suite sets for every test (tests/conftest.py)."""
+    monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
+
+
 def _notebook(path: Path, *sources: str) -> Path:
     nbformat.write(new_notebook(cells=[new_code_cell(s) for s in sources]), path)
     return path
@@ -283,3 +290,197 @@ def test_the_makefile_checks_before_its_banner():
     text = (ROOT / "Makefile").read_text()
     run = text.split("\nrun:", 1)[1].split("\ntest:", 1)[0]
     assert run.index("--check") < run.index("build_apex.sh") < run.index("no CUDA GPU here")
+
+
+# ------------------------------------------------------------------ a notebook cut short
+def _no_kernel(monkeypatch) -> None:
+    """Executing a notebook starts no kernel: each code cell gets the output 'ran'."""
+    def preprocess(_self, nb, resources):
+        for cell in nb.cells:
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+        return nb, resources
+
+    monkeypatch.setattr(runner.ExecutePreprocessor, "preprocess", preprocess)
+
+
+def test_a_corrupt_notebook_is_named_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A notebook cut short (not JSON): one sentence naming it with the fix, the next notebook
+    still runs, the time table marks it FAILED, no traceback."""
+    _no_kernel(monkeypatch)
+    cut = _notebook(tmp_path / "01_cut.ipynb", "print('x')")
+    cut.write_bytes(cut.read_bytes()[:40])
+    good = _notebook(tmp_path / "02_good.ipynb", "print('ran after the cut one')")
+    out = tmp_path / "run"
+    assert runner.main([str(cut), str(good), "--out", str(out), "--profile", "smoke"]) == 1
+    captured = capsys.readouterr()
+    table = {line.split()[0]: line.split()[-1] for line in captured.out.splitlines()
+             if line.startswith(("01_cut", "02_good"))}
+    assert table == {"01_cut.ipynb": "FAILED", "02_good.ipynb": "ok"}, captured.out
+    assert "Traceback" not in captured.out + captured.err
+    said = [line for line in captured.err.splitlines() if "01_cut.ipynb" in line]
+    assert len(said) == 1 and said[0].startswith(f"FAILED 01_cut.ipynb: {cut} is not a readable "
+                                                 "notebook (not JSON:"), captured.err
+    assert f"restore it with 'git checkout -- {cut}'" in said[0] and "git diff" in said[0]
+    executed = nbformat.read(out.with_name("run.incomplete") / "02_good.ipynb", as_version=4)
+    assert executed.cells[0].outputs[0]["text"] == "ran\n"
+    assert not (out.with_name("run.incomplete") / "01_cut.ipynb").exists()
+
+
+def test_the_checks_before_a_run_pass_over_a_corrupt_notebook(tmp_path):
+    """--param's checks read the notebooks: a corrupt one is left to the run, which names it."""
+    cut = tmp_path / "01_cut.ipynb"
+    cut.write_text('{"cells": [')
+    takes = _notebook(tmp_path / "02_takes.ipynb", "steps = 3")
+    nb = nbformat.read(takes, as_version=4)
+    nb.cells[0].metadata["tags"] = ["parameters"]
+    nbformat.write(nb, takes)
+    assert runner.params_problem([cut, takes], ["steps=4"]) == ""
+    with pytest.raises(runner.UnreadableNotebook, match="01_cut.ipynb is not a readable"):
+        runner.read_notebook(cut)
+
+
+# ------------------------------------------------------------------ a full disk
+def _no_space(*_args, **_kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_during_a_run_removes_it_and_keeps_the_last_complete_one(tmp_path,
+                                                                           monkeypatch, capsys):
+    """A notebook whose write finds the disk full: the run stops, the partial run is removed
+    (no <out>.incomplete filling the disk further), the last complete run stays, and one
+    sentence names the folder and the room a run needs."""
+    out = _previous_run(tmp_path / "run")
+    a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
+    calls = []
+
+    def full(paths, staging, **_kw):
+        calls.append(paths)
+        runs = _fake_run_all({"a.ipynb": True}, [])(paths[:1], staging)
+        error = str(results.DiskFull(staging / "results" / "t.csv"))
+        return [*runs, runner.NotebookRun("b.ipynb", 0.1, False, staging / "b.ipynb",
+                                          f"CourseError: {error}")]
+
+    monkeypatch.setattr(runner, "run_all", full)
+    assert runner.main([str(a), str(b), "--out", str(out), "--profile", "smoke"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"runner: error: the disk holding {tmp_path} has ")
+    assert "a run needs about 0.1 MB (the last run's size)" in err[0] and "--out" in err[0]
+    assert err[0].endswith(f"this run was removed and {out} still holds the last complete run")
+    assert "b.ipynb" in captured.out and "total" in captured.out  # the time table
+    assert _intact(out) and sorted(p.name for p in tmp_path.iterdir()) == ["a.ipynb", "b.ipynb",
+                                                                          "run"]
+
+
+def test_a_full_disk_on_the_runners_own_write_is_one_sentence_too(tmp_path, monkeypatch,
+                                                                 capsys):
+    out = tmp_path / "run"
+    a = _notebook(tmp_path / "a.ipynb", "1")
+    monkeypatch.setattr(runner, "run_all", _fake_run_all({"a.ipynb": True}, []))
+    monkeypatch.setattr(runner, "write_runs", _no_space)
+    assert runner.main([str(a), "--out", str(out), "--profile", "smoke"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is full" in err and "Traceback" not in err
+    assert err.rstrip().endswith(f"this run was removed and there is no complete run in {out} "
+                                 "yet")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.ipynb"]
+
+
+def test_the_executed_copy_on_a_full_disk_stops_the_run(tmp_path, monkeypatch):
+    """The runner's write of an executed copy finds the disk full: the notebook fails saying
+    so, and run_all starts no notebook after it."""
+    a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
+    _no_kernel(monkeypatch)
+    monkeypatch.setattr(runner, "atomic_write_text", _no_space)
+    runs = runner.run_all([a, b], tmp_path / "out", profile="smoke", timeout=60)
+    assert [r.name for r in runs] == ["a.ipynb"] and not runs[0].ok
+    assert runner.says_no_space(runs[0].error) and "executed copy" in runs[0].error
+
+
+def test_a_run_that_would_not_fit_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    out = _previous_run(tmp_path / "run")
+    (out / "big.bin").write_bytes(b"x" * 3_000_000)
+    real = shutil.disk_usage
+    monkeypatch.setattr(runner.shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=1_000_000))
+    nb = _notebook(tmp_path / "a.ipynb", "raise SystemExit('must not run')")
+    assert runner.main([str(nb), "--out", str(out), "--profile", "smoke", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"runner: error: the disk holding {tmp_path} has 1.0 MB free, and a run "
+                   "needs about 3.0 MB (the last run's size): free space there, or choose a "
+                   "folder on another disk with --out (make run OUT=...)\n")
+    assert _intact(out)
+
+
+def test_a_results_write_on_a_full_disk_is_one_sentence_and_leaves_no_temporary(tmp_path,
+                                                                              monkeypatch):
+    class Full:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        write = _no_space
+
+    monkeypatch.setattr(results.os, "fdopen", lambda *_a, **_k: Full())
+    with pytest.raises(results.DiskFull) as info:
+        results.atomic_write_text(tmp_path / "t.csv", "a\n1\n")
+    assert str(info.value) == (f"No space left on device to write {tmp_path / 't.csv'}: free "
+                               f"space in {tmp_path}, or set COURSE_RESULTS_DIR to a folder "
+                               "with room, and run again.")
+    assert isinstance(info.value, OSError) and results.no_space(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ settings the runner refuses
+@pytest.mark.parametrize("name, value, said", [
+    ("COURSE_RESULTS_DIR", "/tmp/elsewhere", "COURSE_RESULTS_DIR=/tmp/elsewhere is set, but a "
+     "run keeps its tables beside its notebooks, in <out>/results: unset it"),
+    ("COURSE_PROFLE", "full", "COURSE_PROFLE is not a course setting (did you mean "
+     "COURSE_PROFILE?)"),
+])
+def test_a_setting_the_runner_would_ignore_is_refused_first(tmp_path, monkeypatch, capsys, name,
+                                                           value, said):
+    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COURSE_SOMETHING_NEW", "1")  # not close to a course setting: left alone
+    nb = _notebook(tmp_path / "a.ipynb", "raise SystemExit('must not run')")
+    assert runner.main([str(nb), "--out", str(tmp_path / "run"), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"runner: error: {said}") and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_unwritable_results_folder_stops_a_notebook_at_its_parameter_check(tmp_path,
+                                                                              monkeypatch):
+    """papermill (or a learner) sets COURSE_RESULTS_DIR: the notebook's first check, before
+    its work, says the folder cannot be written."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(blocker / "results"))
+    with pytest.raises(errors.CourseError, match=f"Cannot write results to {blocker}"):
+        errors.check_parameters({"steps": 3}, {"steps": int})
+
+
+def test_the_runner_under_a_python_without_the_course_packages_says_which_python():
+    """``python3 -m coursetools.runner --help`` where nbformat is missing: one line naming
+    the Python to use, no traceback."""
+    hide = ("import importlib.abc, runpy, sys\n"
+            "class Hide(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('nbformat', 'nbconvert'):\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "sys.argv = ['runner', '--help']\n"
+            "runpy.run_module('coursetools.runner', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (f"runner: error: this Python ({sys.executable}) has no nbformat: run "
+                           "the notebooks with 'make run', or with the course's Python: "
+                           ".venv/bin/python -m coursetools.runner\n")

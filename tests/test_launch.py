@@ -194,3 +194,24 @@ def test_the_plan_and_the_result_make_the_round_trip(tmp_path):
     with pytest.raises(SystemExit) as refused:
         launch.read_plan(["--plan", "{not json", "--out", str(out)])
     assert refused.value.code == 2
+
+
+def test_a_launch_removes_the_temporary_folders_its_children_made(tmp_path, monkeypatch):
+    """The children's TMPDIR is the launch's own folder (torchrun makes a torchelastic_* folder
+    there), removed once they ended, past the deadline too; torch.compile's cache stays put."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    script = _script(tmp_path / "temps.py", """\
+        import json, os, sys, tempfile, time
+        made = tempfile.mkdtemp(prefix="torchelastic_")
+        print(json.dumps([made, os.environ["TORCHINDUCTOR_CACHE_DIR"]]), flush=True)
+        time.sleep(float(sys.argv[1]))
+    """)
+    for sleep, timeout in ((0, 30), (60, 2)):  # ends by itself; stopped at the deadline
+        result = launch.run(launch.python(script, [str(sleep)]), {}, tmp_path / "o.json",
+                            timeout=timeout)
+        made, cache = json.loads(result.stdout)
+        assert Path(made).name.startswith("torchelastic_") and not Path(made).exists()
+        assert Path(made).parent.name.startswith("course-launch-")
+        assert not Path(made).parent.exists()
+        assert Path(cache).parent == Path(launch.tempfile.gettempdir())
+        assert Path(cache).name.startswith("torchinductor_")

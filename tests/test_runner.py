@@ -6,10 +6,18 @@ import json
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 import helpers
 from coursetools import runner
+
+
+@pytest.fixture(autouse=True)
+def _no_results_dir(monkeypatch):
+    """The runner refuses COURSE_RESULTS_DIR (a run keeps its tables beside its notebooks),
+    which the suite sets for every test (tests/conftest.py)."""
+    monkeypatch.delenv("COURSE_RESULTS_DIR", raising=False)
 
 
 def _notebook(path, *sources):
