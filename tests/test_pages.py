@@ -2,6 +2,8 @@
 output and cell, counted the way a reader meets them."""
 
 import nbformat
+import pytest
+from conftest import NOTEBOOKS  # the course's notebooks (the smoke run's)
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
 from coursetools import pages
@@ -44,3 +46,17 @@ def test_helper_functions_named_for_prose_are_found(tmp_path):
                                          "def speed_table(x):\n    return x\n")
     (tmp_path / "errors.py").write_text("def one_line(x):\n    return ''\n")
     assert pages.prose_functions(tmp_path) == ["chapter.loss_reading"]
+
+
+# Each notebook's smoke run within the reading budgets: the smoke profile prints the same cells
+# as the full one (the full profile's larger tables are checked on the reference run with
+# `python -m coursetools.pages reports/h200/*.ipynb`).
+EACH = [pytest.param(p, marks=pytest.mark.smoke(p.name[:2]), id=p.stem[:2]) for p in NOTEBOOKS]
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", EACH)
+def test_the_smoke_page_keeps_the_reading_budgets(smoke_run, path):
+    out, _ = smoke_run
+    row = pages.page(out / path.name)
+    assert pages.over_budget(row) == [], f"{path.name}: {row}"
