@@ -94,8 +94,8 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
 	$$py -m coursetools.report $(PARAM_ARGS)
 
-book:  ## build the site of the reference run (BOOK_REPORT) into build/book/; no notebook runs
-	@py=$$($(ENSURE) --for=book); $$py -m coursetools.book --report $(BOOK_REPORT)
+book:  ## build the site of the reference run (BOOK_REPORT) into build/book/; runs no notebook
+	@py=$$($(ENSURE) --for=book); $$py -m coursetools.book --report $(BOOK_REPORT) --screenshots
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
 	@py=$$($(ENSURE)); $(GIT_FILTER); $(GIT_REFRESH); \

@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -137,11 +140,13 @@ class Chromium:
         self.program, self.timeout = program, timeout
 
     def _run(self, url: str, width: int, height: int, *extra: str) -> subprocess.CompletedProcess:
-        args = [self.program, "--headless", "--no-sandbox", "--disable-gpu",
-                "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars",
-                "--allow-file-access-from-files", "--run-all-compositor-stages-before-draw",
-                "--virtual-time-budget=4000", f"--window-size={width},{height}", *extra, url]
-        return subprocess.run(args, capture_output=True, text=True, timeout=self.timeout)
+        with tempfile.TemporaryDirectory(prefix="chromium-") as profile:  # one per run
+            args = [self.program, "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--no-first-run", "--hide-scrollbars",
+                    f"--user-data-dir={profile}", "--allow-file-access-from-files",
+                    "--run-all-compositor-stages-before-draw", "--virtual-time-budget=4000",
+                    f"--window-size={width},{height}", *extra, url]
+            return subprocess.run(args, capture_output=True, text=True, timeout=self.timeout)
 
     def dump_dom(self, url: str, width: int = 1280, height: int = 900) -> str:
         """The page's DOM after its scripts ran, as HTML ('' when the browser failed)."""
@@ -155,27 +160,64 @@ class Chromium:
             raise RuntimeError(f"chromium wrote no screenshot of {url}: {proc.stderr[-500:]}")
         return out
 
-    def layout_width(self, page: Path, width: int, scratch: Path) -> dict[str, str]:
-        """The widths ``page`` lays out to on a ``width``-pixel screen, as the book's
-        ``measure.js`` reports them: the page in an <iframe> of that width (headless Chromium
-        lays out ``--dump-dom`` at 500 pixels at least), in a frame page written to
-        ``scratch``, which writes what the page reports onto its own <html>."""
+    def layout_widths(self, pages: list[Path], width: int, scratch: Path) -> dict[str, dict]:
+        """What each page reports once loaded in a ``width``-pixel frame (the book's
+        ``measure.js``: its title and the widths it lays out to), by file name; a page that
+        did not load or whose script did not run is absent. All pages in one browser run: a
+        frame page written to ``scratch`` holds each in an <iframe> of that width (headless
+        Chromium lays out ``--dump-dom`` at 500 pixels at least) and writes what they report
+        into its own DOM."""
         scratch.mkdir(parents=True, exist_ok=True)
-        frame = scratch / f"frame-{width}-{page.stem}.html"
-        frame.write_text(FRAME.format(width=width, src=page.resolve().as_uri() + "?measure"))
+        frame = scratch / f"frames-{width}.html"
+        frames = "\n".join(f'<iframe src="{p.resolve().as_uri()}?measure" width="{width}" '
+                            'height="600"></iframe>' for p in pages)
+        frame.write_text(FRAME.format(frames=frames))
         dom = self.dump_dom(frame.as_uri(), max(width, 500) + 40, 900)
-        match = re.search(r"<html([^>]*)>", dom)
-        return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', match.group(1))) if match else {}
+        found = {}
+        for attrs in re.findall(r"<p class=\"measured\"([^>]*)>", dom):
+            values = {k: html.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"',
+                                                                  attrs)}
+            found[values.get("page", "")] = values
+        return found
+
+
+SCREENS = {"desktop": (1280, 900), "phone": (390, 844)}
+
+
+def take_screenshots(site: Path, pages: dict[str, str], out: Path,
+                     chromium: Chromium) -> list[Path]:
+    """PNGs of ``pages`` (a short name -> the page's file in ``site``) at each of ``SCREENS``,
+    into ``out`` as ``<name>-<screen>.png``, reduced to a 256-colour palette (a page of text
+    and plots keeps its look at a fraction of the size)."""
+    from PIL import Image
+
+    def shoot(name: str, page: str, screen: str) -> Path:
+        width, height = SCREENS[screen]
+        path = chromium.screenshot((site / page).resolve().as_uri(),
+                                   out / f"{name}-{screen}.png", width, height)
+        with Image.open(path) as image:
+            small = image.convert("RGB").quantize(colors=256)
+        small.save(path, optimize=True)
+        return path
+
+    # side by side: a browser run mostly waits (start-up, shutdown), on one core or two
+    jobs = [(name, page, screen) for name, page in pages.items() for screen in SCREENS]
+    with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
+        return list(pool.map(lambda job: shoot(*job), jobs))
 
 
 FRAME = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><style>body {{ margin: 0; }}</style></head><body>
-<iframe src="{src}" width="{width}" height="844" style="border: 0"></iframe>
+<html><head><meta charset="utf-8">
+<style>body {{ margin: 0; }} iframe {{ display: block; border: 0; }}</style></head><body>
+{frames}
 <script>
 window.addEventListener("message", function (event) {{
+  var p = document.createElement("p");
+  p.className = "measured";
   Object.keys(event.data).forEach(function (key) {{
-    document.documentElement.setAttribute("data-" + key, event.data[key]);
+    p.setAttribute("data-" + key, event.data[key]);
   }});
+  document.body.appendChild(p);
 }});
 </script></body></html>
 """

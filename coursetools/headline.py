@@ -12,6 +12,7 @@ report lacks (a notebook that skipped its Apex rows, say) is left out of the tab
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import pandas as pd
 
 from helpers import verdicts
 
-COLUMNS = ("topic", "notebook", "measure", "apex", "apex_value", "native", "native_value",
-           "ratio", "reading")
+COLUMNS = ("topic", "notebook", "measure", "unit", "apex", "apex_value", "native",
+           "native_value", "ratio", "reading")
 
 
 def _timing(df: pd.DataFrame, key: str, name: str) -> tuple[float, tuple[float, float] | None]:
@@ -39,7 +40,8 @@ def _reading(apex_ms: float, native_ms: float, apex_iqr, native_iqr) -> str:
 
 def _row(topic: str, notebook: str, measure: str, apex: str, apex_value: float, native: str,
          native_value: float, reading: str) -> dict:
-    return dict(topic=topic, notebook=notebook, measure=measure, apex=apex,
+    measure, unit = re.fullmatch(r"(.*) \((.+)\)", measure).groups()  # "step time (ms)"
+    return dict(topic=topic, notebook=notebook, measure=measure, unit=unit, apex=apex,
                 apex_value=apex_value, native=native, native_value=native_value,
                 ratio=apex_value / native_value, reading=reading)
 
@@ -62,7 +64,7 @@ def _read(results: Path, name: str) -> pd.DataFrame | None:
 def _optimizer(results: Path) -> list[dict | None]:
     """02: one optimizer step, Apex FusedAdam against AdamW(fused=True)."""
     df = _read(results, "02_optimizer_step")
-    row = _timing_pair(df, "candidate", "optimizer step (AdamW)", "02", "step time (ms)",
+    row = _timing_pair(df, "candidate", "AdamW", "02", "one step (ms)",
                        "apex FusedAdam", "fused")
     if row:  # the notebook's candidate names are AdamW's modes
         row["native"] = "torch AdamW(fused=True)"
@@ -85,7 +87,7 @@ def _norms(results: Path) -> list[dict | None]:
         native = next((n for n in names if n.startswith("torch ")), None)
         if apex and native:
             tokens, hidden = int(part["tokens"].iloc[0]), int(part["hidden"].iloc[0])
-            rows.append(_timing_pair(part, "candidate", f"{norm}, {dtype}", "03",
+            rows.append(_timing_pair(part, "candidate", f"{norm} {dtype}", "03",
                                      f"fwd+bwd, {tokens} x {hidden} (ms)",
                                      apex, native))
     return rows
@@ -99,8 +101,8 @@ def _amp(results: Path) -> list[dict | None]:
     rows = []
     for r in df[df["vs"].astype(str).str.startswith("apex.amp")].itertuples():
         word = {"faster": "native faster", "slower": "Apex faster"}.get(r.verdict, r.verdict)
-        rows.append(_row(f"mixed precision ({r.vs.removeprefix('apex.amp ')})", "04",
-                         "training step (ms)", r.vs, float(r.vs_ms), r.run, float(r.run_ms),
+        rows.append(_row(f"mixed precision {r.vs.removeprefix('apex.amp ')}", "04",
+                         "one step (ms)", r.vs, float(r.vs_ms), r.run, float(r.run_ms),
                          word))
     return rows
 
@@ -120,10 +122,10 @@ def _end_to_end(results: Path) -> list[dict | None]:
     a, n = (df.loc[df["label"] == x].iloc[0] for x in (apex, native))
     memory = float(a.peak_mem_gib) / float(n.peak_mem_gib) - 1.0
     word = "cannot tell apart" if abs(memory) < verdicts.TIE_FRACTION else (
-        "Apex less" if memory < 0 else "native less")
-    return [_timing_pair(timed, "label", "GPT training, end to end", "05", "step time (ms)",
+        "Apex uses less" if memory < 0 else "native uses less")
+    return [_timing_pair(timed, "label", "GPT training", "05", "one step (ms)",
                          apex, native),
-            _row("GPT training, end to end", "05", "peak GPU memory (GiB)", apex,
+            _row("GPT training", "05", "peak GPU memory (GiB)", apex,
                  float(a.peak_mem_gib), native, float(n.peak_mem_gib), word)]
 
 
@@ -139,14 +141,20 @@ def _number(value: float) -> str:
     return f"{value:.3g}" if value < 100 else f"{value:.1f}"
 
 
+def _short(name: str) -> str:
+    """'apex FusedAdam' -> 'FusedAdam': the column already says whose it is."""
+    return re.sub(r"^(apex|torch) ", "", name)
+
+
 def headline_markdown(table: pd.DataFrame) -> str:
     """The table as markdown (a pipe table), for the book's landing page and the README."""
-    lines = ["| topic (notebook) | measure | Apex | native | Apex / native | reading |",
-             "|---|---|---|---|---:|---|"]
+    lines = ["| topic (notebook) | Apex | native | Apex / native | reading |",
+             "|---|---|---|---:|---|"]
     for r in table.itertuples():
-        lines.append(f"| {r.topic} ({r.notebook}) | {r.measure} "
-                     f"| {r.apex}: {_number(r.apex_value)} "
-                     f"| {r.native}: {_number(r.native_value)} | {r.ratio:.2f}x | {r.reading} |")
+        lines.append(f"| {r.topic}: {r.measure} ({r.notebook}) "
+                     f"| {_short(r.apex)}: {_number(r.apex_value)} {r.unit} "
+                     f"| {_short(r.native)}: {_number(r.native_value)} {r.unit} "
+                     f"| {r.ratio:.2f}x | {r.reading} |")
     return "\n".join(lines)
 
 
