@@ -22,6 +22,7 @@ import html
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 import warnings
@@ -217,9 +218,11 @@ def landing_page(report: Path, summary: dict, titles: dict[str, str]) -> str:
     """index.md: what the course answers, the headline table, the notebook list."""
     table = headline.headline_table(report)
     stamp = run_stamp(summary, "")
+    apex, date = stamp["Apex commit"], stamp["date"]
+    apex = apex if apex == NOT_RECORDED else f"`{apex[:8]}`"
     measured = (f"Measured on **{stamp['GPU']}** (driver {stamp['driver']}), torch "
-                f"{stamp['torch']} with CUDA {stamp['CUDA']}, Apex `{stamp['Apex commit'][:8]}`, "
-                f"{stamp['date'][:10]}, {stamp['profile']} profile.")
+                f"{stamp['torch']} with CUDA {stamp['CUDA']}, Apex {apex}, "
+                f"{date if date == NOT_RECORDED else date[:10]}, {stamp['profile']} profile.")
     lines = [f"# {TITLE}", "", ABOUT, "", "## Apex against native PyTorch on the reference run",
              "", measured, ""]
     if table.empty:
@@ -278,10 +281,14 @@ def write_sources(report: Path, src: Path, settings: dict) -> None:
 def build(report: Path = REPORT, out: Path = OUT, *, settings: dict | None = None,
           quiet: bool = True) -> Path:
     """Write the sources into ``<out>-src`` and render them into ``out``; the index.html path."""
-    from sphinx.cmd.build import build_main
-
     src = out.with_name(out.name + "-src")
+    for folder, mark in ((src, "conf.py"), (out, ".buildinfo")):
+        if folder.exists() and any(folder.iterdir()) and not (folder / mark).exists():
+            raise SystemExit(f"book: error: {folder} is not an earlier build of the book "
+                             f"(it has no {mark}), so it is left alone: choose another --out")
     write_sources(report, src, course_settings() if settings is None else settings)
+    from sphinx.cmd.build import build_main  # make book's generator, imported when it runs
+
     if out.exists():
         shutil.rmtree(out)
     args = ["-b", "html", "-d", str(src / ".doctrees"), str(src), str(out)]
@@ -318,8 +325,12 @@ def main(argv: list[str] | None = None) -> int:
             print("book: no screenshots: headless Chromium is missing "
                   f"({bookcheck.INSTALL})")
         else:
-            shots = screenshots(index.parent, bookcheck.Chromium(program))
-            print(f"book: {len(shots)} screenshots in {shots[0].parent}")
+            try:
+                shots = screenshots(index.parent, bookcheck.Chromium(program))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                print(f"book: no screenshots: {program} failed ({error}); the book is built")
+            else:
+                print(f"book: {len(shots)} screenshots in {shots[0].parent}")
     return 0
 
 

@@ -98,6 +98,15 @@ def test_colab_link_only_for_a_configured_github_repository():
         book.course_settings()["repo_url"]), "[tool.course] repo_url: a GitHub URL or empty"
 
 
+def test_build_leaves_a_folder_that_is_not_a_book_alone(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="not an earlier build of the book"):
+        book.build(REPORT, out, settings={})
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
 # ------------------------------------------------------------------ the checker, on made-up pages
 
 PAGE = """<html><head><title>T</title><link rel="stylesheet" href="_static/s.css"></head>
@@ -221,8 +230,8 @@ def test_breaking_the_site_is_caught(built, tmp_path):
 
 
 @pytest.mark.slow
-def test_an_error_output_in_an_executed_notebook_is_caught(tmp_path):
-    _need_generator()
+def test_an_error_output_in_an_executed_notebook_is_caught(built, tmp_path):
+    # after the real book, in its test process: Sphinx is loaded once for both
     report = tmp_path / "report"
     report.mkdir()
     nb = nbformat.v4.new_notebook()
