@@ -160,16 +160,18 @@ def run_stamp(summary: dict, notebook: str) -> dict[str, str]:
     }
 
 
-def stamp_markdown(stamp: dict[str, str], source: str, executed: str,
+def stamp_markdown(stamp: dict[str, str], source: str | None, executed: str,
                    colab: str | None) -> str:
-    """The stamp block under a page's title: the run's record and the page's links."""
+    """The stamp block under a page's title: the run's record and the page's links (the
+    notebook's source, without outputs, where ``source`` names it)."""
     def cell(key: str, value: str) -> str:
         value = html.escape(value)
         return f"<code>{value}</code>" if "commit" in key and value != NOT_RECORDED else value
 
     rows = "\n".join(f"<tr><th>{k}</th><td>{cell(k, v)}</td></tr>" for k, v in stamp.items())
-    links = [f"{{download}}`Download the notebook <{source}>` (to run it, no outputs)",
-             f"{{download}}`the executed copy shown here <{executed}>`"]
+    links = [f"{{download}}`Download the notebook <{source}>` (to run it, no outputs)"
+             ] if source else []
+    links.append(f"{{download}}`the executed copy shown here <{executed}>`")
     if colab:
         links.append(f"[Open in Colab]({colab})")
     return ("**The run this page shows** (outputs saved by the reference run, not re-executed "
@@ -197,6 +199,9 @@ def page_notebook(nb, stamp_md: str):
         nb.cells.insert(0, stamp)
         return nb
     title, _, rest = nb.cells[first].source.partition("\n")
+    if not title.startswith("# "):  # no title line to put the stamp under: it goes on top
+        nb.cells.insert(0, stamp)
+        return nb
     nb.cells[first].source = title
     cells = [stamp]
     if rest.strip():
@@ -265,11 +270,13 @@ def write_sources(report: Path, src: Path, settings: dict) -> None:
                              "notebooks (make report writes them)")
         titles[path.name] = notebook_title(nb) or path.stem
         source = ROOT / "notebooks" / path.name
-        shutil.copyfile(source if source.exists() else path, src / "_nbsource" / path.name)
+        if source.exists():
+            shutil.copyfile(source, src / "_nbsource" / path.name)
         shutil.copyfile(path, src / "_nbsource" / f"executed-{path.name}")
         colab = colab_url(settings.get("repo_url", ""), settings.get("repo_branch", "main"),
                           path.name)
-        stamp = stamp_markdown(run_stamp(summary, path.name), f"_nbsource/{path.name}",
+        stamp = stamp_markdown(run_stamp(summary, path.name),
+                               f"_nbsource/{path.name}" if source.exists() else None,
                                f"_nbsource/executed-{path.name}", colab)
         nbformat.write(page_notebook(nb, stamp), src / path.name)
     (src / "index.md").write_text(landing_page(report, summary, titles))

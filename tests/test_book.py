@@ -94,6 +94,7 @@ def test_colab_link_only_for_a_configured_github_repository():
         "https://colab.research.google.com/github/owner/course/blob/main/notebooks/05_x.ipynb")
     md = book.stamp_markdown(book.run_stamp({}, "05_x.ipynb"), "a.ipynb", "b.ipynb", None)
     assert "colab" not in md.lower() and book.NOT_RECORDED in md
+    assert "Download the notebook" not in book.stamp_markdown({}, None, "b.ipynb", None)
     assert book.course_settings().get("repo_url", "") == "" or "github.com" in (
         book.course_settings()["repo_url"]), "[tool.course] repo_url: a GitHub URL or empty"
 
@@ -212,8 +213,10 @@ def test_pages_load_in_a_browser_and_fit_a_phone_screen(built, tmp_path):
         assert int(got["scroll-width"]) <= PHONE, (
             f"{page.name} scrolls sideways on a {PHONE}-pixel phone: "
             f"{got['scroll-width']} pixels wide ({got.get('too-wide')})")
-    shots = book.screenshots(built, chromium)
-    assert len(shots) == 4 and all(0 < p.stat().st_size < 300_000 for p in shots)
+    page = next(built.glob("05_*.html")).name  # make book takes the landing page's too
+    shots = bookcheck.take_screenshots(built, {"notebook-05": page}, tmp_path / "shots", chromium)
+    assert [p.name for p in shots] == ["notebook-05-desktop.png", "notebook-05-phone.png"]
+    assert all(10_000 < p.stat().st_size < 300_000 for p in shots)
 
 
 @pytest.mark.slow
