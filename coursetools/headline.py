@@ -120,6 +120,7 @@ def _end_to_end(results: Path) -> list[dict | None]:
     timed = df.rename(columns={"step_ms": "median_ms", "step_ms_q1": "q1_ms",
                                "step_ms_q3": "q3_ms"})
     a, n = (df.loc[df["label"] == x].iloc[0] for x in (apex, native))
+    # peak memory has no spread to read it against: within the timing tie margin is a tie
     memory = float(a.peak_mem_gib) / float(n.peak_mem_gib) - 1.0
     word = "cannot tell apart" if abs(memory) < verdicts.TIE_FRACTION else (
         "Apex uses less" if memory < 0 else "native uses less")
