@@ -4,6 +4,8 @@ SHELL := /bin/bash
 ENSURE := bash scripts/ensure_env.sh
 ENSURE_RUN := bash scripts/ensure_env.sh --for=run
 OUT ?= build/run
+# make book: the executed reference run the site shows (make report writes one per GPU)
+BOOK_REPORT ?= reports/h200
 PROFILE ?= $(or $(COURSE_PROFILE),auto)
 # PARAMS="amp_dtype=fp16 steps=40": set notebook parameters (papermill) for run, notebooks, report
 PARAM_ARGS := $(foreach p,$(PARAMS),--param $(p))
@@ -50,7 +52,7 @@ GIT_REFRESH = \
     done; \
   fi
 
-.PHONY: help run test lab report notebooks apex strip filter clean
+.PHONY: help run test lab report notebooks apex strip filter clean book
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 12
@@ -91,6 +93,9 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
 	$$py -m coursetools.report $(PARAM_ARGS)
+
+book:  ## build the site of the reference run (BOOK_REPORT) into build/book/; runs no notebook
+	@py=$$($(ENSURE) --for=book); $$py -m coursetools.book --report $(BOOK_REPORT) --screenshots
 
 lab:  ## open JupyterLab on the notebooks (prints the URL to open; Ctrl-C stops it)
 	@py=$$($(ENSURE)); $(GIT_FILTER); $(GIT_REFRESH); \

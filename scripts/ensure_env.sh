@@ -17,7 +17,7 @@
 # any pip. The lab pins of requirements.txt (jupyterlab, ipywidgets) are left to `make lab`
 # (scripts/lab.sh), which keeps the lab server in its own environment. Progress goes to stderr,
 # so callers can use:
-#   py=$(bash scripts/ensure_env.sh [--for=run])
+#   py=$(bash scripts/ensure_env.sh [--for=run|--for=book])
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,9 +33,15 @@ die() { printf 'env: error: %s\n' "$*" >&2; exit 1; }
 needed="torch numpy pandas matplotlib tqdm nbformat nbclient nbconvert ipykernel papermill torchao"
 for_tests=0
 case "${1:-}" in
-  --for=run) ;;
+  --for=run|--for=book) ;;
   ""|--for=test) needed="$needed pytest xdist ruff yaml"; for_tests=1 ;;
-  *) die "unknown argument '$1' (use --for=run or --for=test)" ;;
+  *) die "unknown argument '$1' (use --for=run, --for=test or --for=book)" ;;
+esac
+
+# make book (`--for=book`) and the test that builds the book need the site generator too.
+case "${1:-}" in
+  --for=run) ;;
+  *) needed="$needed sphinx myst_nb sphinx_book_theme" ;;
 esac
 
 # Pins of requirements.txt that this script never installs: `make lab` installs jupyterlab and

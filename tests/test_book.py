@@ -1,0 +1,250 @@
+"""The book (make book) as a reader sees it: built once from reports/h200, then opened.
+
+Fast tests check the headline table against the report's CSVs, the run stamp, the Colab link
+setting and the checker itself on small made-up pages (a missing image, a broken link or
+anchor, an error output, a traceback). The slow ones build the real site once (module-scoped)
+and check every page: it loads in headless Chromium with its title and fits a 390-pixel phone
+screen without scrolling sideways, its images and links resolve, no error output shows; the
+landing page carries the headline table; breaking the built site (an image removed, a link
+broken) or a notebook (an error output) makes the checks fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from coursetools import book, bookcheck, headline
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "reports" / "h200"
+PHONE = 390
+GENERATOR = ("sphinx", "myst_nb", "sphinx_book_theme")
+
+
+def _need_generator() -> None:
+    missing = [m for m in GENERATOR if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the book's generator is missing ({', '.join(missing)}): "
+                    "bash scripts/ensure_env.sh --for=book installs it")
+
+
+def _need_chromium() -> bookcheck.Chromium:
+    program = bookcheck.find_chromium()
+    if program is None:
+        pytest.skip(f"headless Chromium is missing: {bookcheck.INSTALL}")
+    return bookcheck.Chromium(program)
+
+
+# ------------------------------------------------------------------ the headline table
+
+
+def test_headline_compares_apex_with_native_from_the_reports_tables():
+    table = headline.headline_table(REPORT)
+    assert set(table["notebook"]) == {"02", "03", "04", "05"}
+    assert (table["ratio"] == table["apex_value"] / table["native_value"]).all()
+    steps = pd.read_csv(REPORT / "results" / "02_optimizer_step.csv").set_index("candidate")
+    adam = table[table["notebook"] == "02"].iloc[0]
+    assert adam.apex_value == steps.loc["apex FusedAdam", "median_ms"]
+    assert adam.native_value == steps.loc["fused", "median_ms"]
+    paths = pd.read_csv(REPORT / "results" / "05_paths.csv").set_index("path")
+    gpt = table[(table["notebook"] == "05") & (table["unit"] == "ms")].iloc[0]
+    assert (gpt.apex_value, gpt.native_value) == (paths.loc["2", "step_ms"],
+                                                 paths.loc["3", "step_ms"])
+    assert set(table["reading"]) <= {"Apex faster", "native faster", "cannot tell apart",
+                                     "Apex uses less", "native uses less"}
+
+
+def test_headline_reads_ties_by_the_courses_rule(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    pd.DataFrame([
+        {"candidate": "fused", "median_ms": 2.00, "q1_ms": 1.99, "q3_ms": 2.01},
+        {"candidate": "apex FusedAdam", "median_ms": 2.02, "q1_ms": 2.01, "q3_ms": 2.03},
+    ]).to_csv(results / "02_optimizer_step.csv", index=False)
+    table = headline.headline_table(tmp_path)
+    assert list(table["reading"]) == ["cannot tell apart"]  # within 3%
+    assert "| 1.01x | cannot tell apart |" in headline.headline_markdown(table)
+    assert headline.headline_table(tmp_path / "nowhere").empty
+
+
+# ------------------------------------------------------------------ stamp and links
+
+
+def test_stamp_says_not_recorded_where_the_summary_holds_nothing():
+    summary = {"gpu_name": "NVIDIA H200", "torch": "2.11.0", "profile": "full",
+               "notebooks": {"06_x.ipynb": {"apex_commit": None, "seconds": 12.3,
+                                            "date": "2026-12-02T06:17:36+00:00"}}}
+    stamp = book.run_stamp(summary, "06_x.ipynb")
+    assert stamp["GPU"] == "NVIDIA H200" and stamp["time"] == "12 s"
+    assert stamp["Apex commit"] == stamp["driver"] == stamp["CUDA"] == book.NOT_RECORDED
+    assert stamp["peak GPU memory"] == stamp["course commit"] == book.NOT_RECORDED
+
+
+def test_colab_link_only_for_a_configured_github_repository():
+    assert book.colab_url("", "main", "05_x.ipynb") is None
+    assert book.colab_url("https://gitlab.com/a/b", "main", "05_x.ipynb") is None
+    assert book.colab_url("https://github.com/owner/course.git", "main", "05_x.ipynb") == (
+        "https://colab.research.google.com/github/owner/course/blob/main/notebooks/05_x.ipynb")
+    md = book.stamp_markdown(book.run_stamp({}, "05_x.ipynb"), "a.ipynb", "b.ipynb", None)
+    assert "colab" not in md.lower() and book.NOT_RECORDED in md
+    assert "Download the notebook" not in book.stamp_markdown({}, None, "b.ipynb", None)
+    assert book.course_settings().get("repo_url", "") == "" or "github.com" in (
+        book.course_settings()["repo_url"]), "[tool.course] repo_url: a GitHub URL or empty"
+
+
+def test_build_leaves_a_folder_that_is_not_a_book_alone(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="not an earlier build of the book"):
+        book.build(REPORT, out, settings={})
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------ the checker, on made-up pages
+
+PAGE = """<html><head><title>T</title><link rel="stylesheet" href="_static/s.css"></head>
+<body><section id="top"><img src="_images/plot.png"><a href="other.html#part">next</a>
+<a href="https://example.org/">out</a><a href="#top">up</a>{extra}</section></body></html>"""
+
+
+@pytest.fixture
+def site(tmp_path):
+    (tmp_path / "_static").mkdir()
+    (tmp_path / "_static" / "s.css").write_text("")
+    (tmp_path / "_images").mkdir()
+    (tmp_path / "_images" / "plot.png").write_bytes(b"png")
+    (tmp_path / "other.html").write_text('<html><body><h2 id="part">x</h2></body></html>')
+    return tmp_path
+
+
+def _problems(site: Path, extra: str = "") -> list[str]:
+    (site / "page.html").write_text(PAGE.format(extra=extra))
+    return bookcheck.site_problems(site)
+
+
+def test_checker_passes_a_sound_page(site):
+    assert _problems(site) == []
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    ('<img src="_images/gone.png">', "image '_images/gone.png' leads to no file"),
+    ('<a href="missing.html">x</a>', "link 'missing.html' leads to no file"),
+    ('<a href="other.html#nowhere">x</a>', "names an anchor that its page lacks"),
+    ('<div class="cell_output docutils container"><div class="output traceback highlight-'
+     'ipythontb notranslate"><pre>ZeroDivisionError</pre></div></div>', "shows an error output"),
+    ('<div class="output stderr highlight-myst-ansi notranslate"><pre>warn</pre></div>',
+     "shows a stderr output"),
+    ('<div class="output stream"><pre>Traceback (most recent call last):\n  File</pre></div>',
+     "shows a traceback"),
+])
+def test_checker_catches_what_a_reader_would_see_broken(site, extra, expected):
+    problems = _problems(site, extra)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+# ------------------------------------------------------------------ the real book, built once
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The site of reports/h200, built once with no repository URL configured."""
+    _need_generator()
+    out = tmp_path_factory.mktemp("book") / "book"
+    index = book.build(REPORT, out, settings={})
+    return index.parent
+
+
+def _notebook_pages(site: Path) -> dict[str, Path]:
+    return {p.name: site / f"{p.stem}.html" for p in sorted(REPORT.glob("[0-9][0-9]_*.ipynb"))}
+
+
+@pytest.mark.slow
+def test_every_notebook_has_a_page_whose_links_and_images_resolve(built):
+    pages = _notebook_pages(built)
+    assert len(pages) == 7 and all(p.is_file() for p in pages.values())
+    assert bookcheck.site_problems(built) == []
+    for name, page in pages.items():
+        html = page.read_text()
+        assert "<img" in html or name.startswith("01"), f"{name}: its plots are missing"
+        assert "NVIDIA H200" in html and "course commit" in html, f"{name}: no run stamp"
+        assert "_downloads/" in html and name in html, f"{name}: no download link"
+    assert "colab.research.google.com" not in "".join(
+        p.read_text() for p in built.glob("*.html")), "no repo_url, so no Colab link"
+
+
+@pytest.mark.slow
+def test_landing_page_has_the_headline_table_and_every_notebook(built):
+    page = bookcheck.parse((built / "index.html").read_text())
+    html = (built / "index.html").read_text()
+    assert "Apex / native" in html
+    table = headline.headline_table(REPORT)
+    for row in table.itertuples():
+        assert f"{row.ratio:.2f}x" in html
+    hrefs = {url for tag, url in page.refs if tag == "a"}
+    assert {p.name for p in _notebook_pages(built).values()} <= hrefs
+
+
+@pytest.mark.slow
+def test_pages_load_in_a_browser_and_fit_a_phone_screen(built, tmp_path):
+    chromium = _need_chromium()
+    pages = [built / "index.html", *_notebook_pages(built).values()]
+    wide = built / "wide-test.html"  # a page made too wide on purpose: the check must see it
+    wide.write_text((built / "index.html").read_text().replace(
+        "<body", '<body><div style="width: 900px">too wide</div><span hidden', 1))
+    try:
+        seen = chromium.layout_widths([*pages, wide], PHONE, tmp_path)
+    finally:
+        wide.unlink()
+    assert int(seen["wide-test.html"]["scroll-width"]) > PHONE
+    for page in pages:
+        got = seen.get(page.name)
+        assert got, f"{page.name} did not load in Chromium (or its script did not run)"
+        title = bookcheck.parse(page.read_text()).title
+        assert got["title"] and got["title"] == title.strip()
+        assert int(got["view-width"]) == PHONE
+        assert int(got["scroll-width"]) <= PHONE, (
+            f"{page.name} scrolls sideways on a {PHONE}-pixel phone: "
+            f"{got['scroll-width']} pixels wide ({got.get('too-wide')})")
+    page = next(built.glob("05_*.html")).name  # make book takes the landing page's too
+    shots = bookcheck.take_screenshots(built, {"notebook-05": page}, tmp_path / "shots", chromium)
+    assert [p.name for p in shots] == ["notebook-05-desktop.png", "notebook-05-phone.png"]
+    assert all(10_000 < p.stat().st_size < 300_000 for p in shots)
+
+
+@pytest.mark.slow
+def test_breaking_the_site_is_caught(built, tmp_path):
+    site = tmp_path / "site"
+    shutil.copytree(built, site)
+    image = next((site / "_images").iterdir())
+    image.unlink()
+    page = site / "index.html"
+    page.write_text(page.read_text().replace('href="05_', 'href="5_', 1))
+    problems = bookcheck.site_problems(site)
+    assert any(image.name in p and "image" in p for p in problems), problems
+    assert any("index.html: link '5_" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_an_error_output_in_an_executed_notebook_is_caught(built, tmp_path):
+    # after the real book, in its test process: Sphinx is loaded once for both
+    report = tmp_path / "report"
+    report.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 01 - A notebook that failed"),
+                nbformat.v4.new_code_cell("1 / 0", outputs=[nbformat.v4.new_output(
+                    "error", ename="ZeroDivisionError", evalue="division by zero",
+                    traceback=["Traceback (most recent call last):", "ZeroDivisionError"])])]
+    nbformat.write(nb, report / "01_failed.ipynb")
+    (report / "summary.json").write_text(json.dumps({"gpu_name": "NVIDIA H200"}))
+    site = book.build(report, tmp_path / "book", settings={}).parent
+    problems = bookcheck.site_problems(site)
+    assert any("01_failed.html: shows an error output" in p for p in problems), problems
+    assert any("traceback" in p for p in problems), problems
