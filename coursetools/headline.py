@@ -159,12 +159,78 @@ def headline_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+# The README's generated blocks: what sits between "<!-- NAME:start -->" and "<!-- NAME:end -->"
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK = "<!-- {name}:start -->\n{body}\n<!-- {name}:end -->"
+
+
+def measured_on(summary: dict) -> str:
+    """One line naming the run: GPU, driver, torch, CUDA, Apex, date, profile."""
+    apex = summary.get("apex_commit") or "not built"
+    return (f"Measured on **{summary.get('gpu_name', '?')}** (driver {summary.get('driver', '?')})"
+            f", torch {summary.get('torch', '?')} with CUDA {summary.get('cuda', '?')}, Apex "
+            f"`{apex[:8]}`, {str(summary.get('date', '?'))[:10]}, {summary.get('profile', '?')} "
+            "profile.")
+
+
+def notebooks_markdown(report_dir: Path | str, notebooks: Path) -> str:
+    """One row per notebook: its title (linked), and its time and peak GPU memory on the run
+    of ``report_dir`` (summary.json's own record of each notebook)."""
+    import json
+
+    import nbformat
+
+    summary = json.loads((Path(report_dir) / "summary.json").read_text())
+    lines = ["| notebook | reference run: time | peak GPU memory |", "|---|---:|---:|"]
+    for path in sorted(notebooks.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        title = next((ln.lstrip("# ").strip() for c in nb.cells if c.cell_type == "markdown"
+                      for ln in c.source.splitlines() if ln.startswith("# ")), path.stem)
+        own = summary.get("notebooks", {}).get(path.name, {})
+        seconds, peak = own.get("seconds"), own.get("peak_gpu_gib")
+        lines.append(f"| [{title}](notebooks/{path.name}) "
+                     f"| {'-' if seconds is None else f'{seconds:.0f} s'} "
+                     f"| {'-' if peak is None else f'{peak:.1f} GiB'} |")
+    return "\n".join(lines)
+
+
+def readme_blocks(report_dir: Path | str, notebooks: Path | None = None) -> dict[str, str]:
+    """The README's generated blocks from the report in ``report_dir``: ``answers`` (the run's
+    line and :func:`headline_markdown`) and ``notebooks`` (:func:`notebooks_markdown`)."""
+    import json
+
+    report_dir = Path(report_dir)
+    notebooks = notebooks or README.parent / "notebooks"
+    summary = json.loads((report_dir / "summary.json").read_text())
+    return {"answers": f"{measured_on(summary)}\n\n"
+                       f"{headline_markdown(headline_table(report_dir))}",
+            "notebooks": notebooks_markdown(report_dir, notebooks)}
+
+
+def with_blocks(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each block's body replaced (a block missing from ``text`` is an error)."""
+    for name, body in blocks.items():
+        pattern = re.compile(re.escape(f"<!-- {name}:start -->") + r"\n.*?"
+                             + re.escape(f"<!-- {name}:end -->"), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"the README has no {name} block (<!-- {name}:start -->)")
+        text = pattern.sub(lambda _m, n=name, b=body: BLOCK.format(name=n, body=b), text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print a report's headline table as markdown."""
+    """Print a report's headline table as markdown (``--readme``: rewrite the README's
+    generated blocks from it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, nargs="?", default=Path("reports/h200"),
                         help="a report folder with results/ (default: reports/h200)")
+    parser.add_argument("--readme", action="store_true",
+                        help="rewrite the README's generated blocks from this report")
     args = parser.parse_args(argv)
+    if args.readme:
+        README.write_text(with_blocks(README.read_text(), readme_blocks(args.report)))
+        print(f"headline: {README.name}'s blocks now show {args.report}")
+        return 0
     table = headline_table(args.report)
     if table.empty:
         print(f"headline: error: {args.report}/results holds none of the tables compared",

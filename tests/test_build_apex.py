@@ -949,8 +949,8 @@ def test_estimate_is_printed_before_the_build(box: Sandbox) -> None:
 
 
 def test_readme_estimate_for_two_cpus_is_the_builds(box: Sandbox) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Building Apex", 1)[1].split("\n### ", 1)[0]
+    readme = (REPO / "docs" / "setup.md").read_text()
+    section = readme.split("## Building Apex", 1)[1].split("\n## ", 1)[0]
     box.probe.update(cpu_count="2", mem_free_gib="8.0")
     text = plan(box.run("--dry-run"))["estimate"]
     minutes = re.findall(r"about (\d+) min", text)

@@ -247,8 +247,8 @@ def test_ensure_env_needs_test_tools_only_for_tests(tmp_path, args, ok):
 CORE_MODULES_AT_MOST = 16  # the core stays small: a new chapter adds to helpers/chapters/
 
 
-def test_readme_layout_lists_every_helper_module_and_no_other():
-    readme = (ROOT / "README.md").read_text()
+def test_contributing_layout_lists_every_helper_module_and_no_other():
+    readme = (ROOT / "CONTRIBUTING.md").read_text()
     block = readme.split("## Repository layout", 1)[1].split("```", 2)[1]
     helpers = block.split("\nhelpers/", 1)[1].split("\ncoursetools/", 1)[0]
     core, chapters = helpers.split("\n  chapters/", 1)
@@ -264,13 +264,13 @@ def test_readme_layout_lists_every_helper_module_and_no_other():
     assert listed(core, 2) | {"chapters/"} == on_disk(ROOT / "helpers")
     assert listed(tooling, 2) == on_disk(ROOT / "coursetools")
     assert len(listed(core, 2)) <= CORE_MODULES_AT_MOST, "the core grew: is it a chapter's?"
-    # the README names chapter modules that exist, each by its notebook ("notebook 05: ...");
+    # CONTRIBUTING names chapter modules that exist, each by its notebook ("notebook 05: ...");
     # a new chapter needs no line here: its module's docstring names its notebook
     assert listed(chapters, 4) <= on_disk(ROOT / "helpers" / "chapters")
     named = dict(re.findall(r"^    ([a-z0-9_]+\.py) +notebook (\d\d):", chapters, re.M))
     assert set(named) == listed(chapters, 4), "each chapter line names its notebook"
     assert named == {name: number for name, number in chapter_notebooks().items()
-                     if name in named}, "the README and the modules name the same notebooks"
+                     if name in named}, "CONTRIBUTING and the modules name the same notebooks"
 
 
 def chapter_notebooks() -> dict[str, str]:
