@@ -21,9 +21,9 @@ def rows(key="candidate", **timings):
 
 def step_table(**timings):
     """02's step table built from Timing objects with the given samples."""
-    return chapter.step_table([bench.Timing(name, samples, "cpu",
-                                            meta={"bytes_per_step": 28_000})
-                               for name, samples in timings.items()], 1000, 100.0)
+    return chapter.step_table({name: [bench.Timing(name, samples, "cpu",
+                                                   meta={"bytes_per_step": 28_000})]
+                               for name, samples in timings.items()}, 1000, 100.0)
 
 
 # ------------------------------------------------------------------ 02: pairs
