@@ -57,7 +57,7 @@ def _import(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def _one_line(exc: BaseException, limit: int = 140) -> str:
+def _failure(exc: BaseException, limit: int = 140) -> str:
     """One line for a verdict: a wrong answer and out-of-memory say so, else errors.one_line."""
     if isinstance(exc, WrongResult):
         text = f"wrong result: {exc}"
@@ -204,9 +204,9 @@ def _apex_problem(importer: Importer, wrong: str | None) -> str | None:
     except ModuleNotFoundError as exc:
         if exc.name == "apex":
             return NOT_INSTALLED
-        return f"{BROKEN}: {_one_line(exc)}"
+        return f"{BROKEN}: {_failure(exc)}"
     except Exception as exc:
-        return f"{BROKEN}: {_one_line(exc)}"
+        return f"{BROKEN}: {_failure(exc)}"
     return None
 
 
@@ -219,21 +219,21 @@ def check_feature(feature: Feature, *, importer: Importer, device: torch.device,
         hint = ""
         if isinstance(exc, ModuleNotFoundError | AttributeError):
             hint = " - not NVIDIA Apex? (the PyPI package 'apex' is unrelated)"
-        return _row(feature.name, False, None, None, f"{BROKEN}: {_one_line(exc)}{hint}")
+        return _row(feature.name, False, None, None, f"{BROKEN}: {_failure(exc)}{hint}")
     for ext in feature.extensions:
         try:
             importer(ext)
         except ModuleNotFoundError as exc:
-            verdict = PYTHON_ONLY if exc.name == ext else f"{BROKEN}: {_one_line(exc)}"
+            verdict = PYTHON_ONLY if exc.name == ext else f"{BROKEN}: {_failure(exc)}"
             return _row(feature.name, True, False, None, verdict)
         except Exception as exc:  # e.g. "undefined symbol" after a torch upgrade
-            return _row(feature.name, True, False, None, f"{BROKEN}: {_one_line(exc)}")
+            return _row(feature.name, True, False, None, f"{BROKEN}: {_failure(exc)}")
     if not run_smoke:
         return _row(feature.name, True, True, None, NO_GPU)
     try:
         feature.smoke(obj, importer, device)  # its checks copy to the CPU, so errors surface here
     except Exception as exc:
-        return _row(feature.name, True, True, False, f"{BROKEN}: {_one_line(exc)}")
+        return _row(feature.name, True, True, False, f"{BROKEN}: {_failure(exc)}")
     return _row(feature.name, True, True, True, AVAILABLE)
 
 
@@ -333,8 +333,8 @@ def verify(legacy_dir: str | None = None, *, importer: Importer | None = None,
             if isinstance(exc, ModuleNotFoundError) and exc.name == name:
                 missing.append(name)  # not built: a Python-only install
             else:  # present but broken (ABI/torch mismatch, missing library)
-                failed.append(f"{name} fails to import ({_one_line(exc)})")
-            echo(f"FAIL import {name}: {_one_line(exc)}")
+                failed.append(f"{name} fails to import ({_failure(exc)})")
+            echo(f"FAIL import {name}: {_failure(exc)}")
             continue
         verified.append(name)
         echo(f"ok   import {name}")
@@ -354,8 +354,8 @@ def verify(legacy_dir: str | None = None, *, importer: Importer | None = None,
         if isinstance(exc, ModuleNotFoundError) and exc.name == "apex":
             apex_missing = True
         else:
-            failed.append(f"import apex ({_one_line(exc)})")
-        echo(f"FAIL import apex: {_one_line(exc)}")
+            failed.append(f"import apex ({_failure(exc)})")
+        echo(f"FAIL import apex: {_failure(exc)}")
     if classes and not run_kernels:
         echo(f"warning={NO_GPU_WARNING}")
     elif classes:
@@ -363,8 +363,8 @@ def verify(legacy_dir: str | None = None, *, importer: Importer | None = None,
             try:
                 features[name].smoke(cls, importer, dev)
             except Exception as exc:
-                failed.append(f"{name} on the GPU ({_one_line(exc)})")
-                echo(f"FAIL {name} on the GPU: {_one_line(exc)}")
+                failed.append(f"{name} on the GPU ({_failure(exc)})")
+                echo(f"FAIL {name} on the GPU: {_failure(exc)}")
                 continue
             verified.append(name)
             echo(f"ok   {name} on {dev.type} matches torch in float64")

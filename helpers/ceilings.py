@@ -218,24 +218,11 @@ def is_above(pct: float) -> bool:
     return pct == pct and pct > 100.0 + AT_CEILING_PCT
 
 
-def pct_text(pct: float, of: str = "", fmt: str = ".0f") -> str:
-    """'N%' (or 'N% of <of>') for a percentage of a ceiling; 'at the ceiling' from 100% up to
-    the margin a ceiling's measurement moves; where :func:`above_ceiling` flags it, a note
-    instead: a figure its CHECK line called impossible is never shown as a reading."""
-    if is_above(pct):
-        what = f"the share of {of}" if of else "the figure"
-        return f"{what} {NOT_SHOWN}"
-    if pct > 100.0:
-        return (f"100%{f' of {of}' if of else ''} (at the ceiling: within the "
-                f"{AT_CEILING_PCT:.0f}% its measurement moves)")
-    return f"{pct:{fmt}}%" + (f" of {of}" if of else "")
-
-
 def above_ceiling(percentages: dict[str, float], ceiling: str, device: torch.device | str) -> str:
     """'' when every percentage is at most 100 (plus :data:`AT_CEILING_PCT`); else one sentence
     naming those above the
     ``ceiling``, the likely cause and the fix (no figure above its ceiling stands as a fact:
-    summaries print them through :func:`pct_text`)."""
+    a table or summary shows :data:`NOT_SHOWN` in its place)."""
     above = {k: v for k, v in percentages.items() if is_above(v)}
     if not above:
         return ""

@@ -359,13 +359,6 @@ def test_overlapping_rounds_are_no_speedup_per_call():
     assert norms.clear_wins(ranks).loc["no clear winner", "call"] == 1
 
 
-def _counts(items, ranking):
-    """family -> count from a summary item ('torch 3, apex Fused 1; no clear winner in 2')."""
-    wins, _, rest = items[ranking].partition("; no clear winner in ")
-    counts = {f: int(n) for f, n in (w.rsplit(" ", 1) for w in wins.split(", ") if w != "none")}
-    return {**counts, "no clear winner": int(rest)}
-
-
 @pytest.mark.parametrize("gpu_winner", ["torch.compile LayerNorm", "apex FusedLayerNorm"])
 def test_summary_counts_come_from_the_table_they_summarize(gpu_winner):
     gpu = {"torch LayerNorm": 0.63, "torch.compile LayerNorm": 0.9, "apex FusedLayerNorm": 0.8}
@@ -373,16 +366,19 @@ def test_summary_counts_come_from_the_table_they_summarize(gpu_winner):
     call = {"torch LayerNorm": [0.63] * 5, "torch.compile LayerNorm": [0.94] * 5,
             "apex FusedLayerNorm": [0.80] * 5}
     ranks = _ranked(call, gpu=gpu)
-    items = norms.summary_items(ranks)
-    for name, title in norms.RANKINGS.items():
-        counted = _counts(items, f"clearly fastest {title}, of 2 rows")
+    wins = norms.win_table(ranks)
+    assert list(wins.columns.unique(0)) == ["all 2 rows", "1 mixed-dtype rows"]
+    assert wins.index[-1] == "no clear winner"
+    for name in norms.RANKINGS:
+        counted = wins["all 2 rows"][name]
         clear = ranks[f"{name}_verdict"].str.startswith("faster")
         table = ranks.loc[clear, f"{name}_fastest"].value_counts().to_dict()
-        assert counted == {**table, "no clear winner": int((~clear).sum())}, name
-    by_gpu = _counts(items, "clearly fastest by GPU time, of 2 rows")  # the mixed row: compiled
+        assert counted[counted > 0].to_dict() == {
+            **table, **({"no clear winner": int((~clear).sum())} if (~clear).any() else {})}, name
+    by_gpu = wins["all 2 rows"]["gpu"]  # the mixed row: compiled
     assert by_gpu[norms.family(gpu_winner)] == (2 if gpu_winner.startswith("torch.c") else 1)
-    mixed = items["apex MixedFused clearly fastest, of 1 mixed-dtype rows"]
-    assert mixed == "by GPU time: 0; per call, host included: 1; per call, eager candidates only: 1"
+    mixed = wins["1 mixed-dtype rows"].reindex(["apex Fused"]).fillna(0).iloc[0].to_dict()
+    assert mixed == {"gpu": 0, "call": 1, "eager_call": 1}
 
 
 def test_one_candidate_rows_carry_no_verdict():
@@ -432,10 +428,9 @@ def test_smoke_run_prints_no_reading_that_cannot_mean_anything_there(smoke_run):
     assert len(rounds) == len(timing) and "stable" in rounds.columns
     if norms.one_candidate(timing):
         assert set(ranks.filter(like="_verdict").to_numpy().ravel()) == {norms.NO_RIVAL}
-        assert not [t for t in texts if "clearly fastest" in t or "tied_with_fastest" in t]
-    else:
-        summary = next(t for t in texts if t.startswith("run: "))
-        wins = norms.clear_wins(ranks)
-        for name, title in norms.RANKINGS.items():
-            line = next(x for x in summary.splitlines() if x.startswith(f"clearly fastest {title}"))
-            assert line.endswith(f"no clear winner in {wins.loc['no clear winner', name]}")
+        assert not [t for t in texts if "no clear winner" in t or "tied_with_fastest" in t]
+        assert "ranked" in texts[-1] or any("one candidate per row" in t for t in texts)
+    else:  # the summary shows the win table of the saved rankings, no other
+        wins = norms.win_table(ranks)
+        shown = next(t for t in texts if "no clear winner" in t)
+        assert shown == str(wins) or all(name in shown for name in wins.index), shown

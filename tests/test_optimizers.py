@@ -284,12 +284,12 @@ def test_sweep_and_its_reading():
     table = chapter.tensor_count_sweep(cands, 4096, [2, 32], "cpu", warmup=1, repeats=2,
                                        progress=progress)
     assert list(table["tensors"]) == [2, 32] and seen == ["tensor counts"]
-    assert list(chapter.sweep_reading(table)["candidate"]) == ["foreach"]
+    assert list(chapter.sweep_table(table)["candidate"]) == ["foreach"]
     fake = pd.DataFrame({"candidate": ["x", "x"], "tensors": [4, 64], "median_ms": [1.0, 3.0]})
-    reading = chapter.sweep_reading(fake).iloc[0]
-    assert reading.slowdown == pytest.approx(3.0)
-    assert (reading.ms_at_4_tensors, reading.ms_at_64_tensors) == (1.0, 3.0)
-    assert reading.reading == "3.0x the time"
+    ends = chapter.sweep_table(fake).iloc[0]
+    assert ends.slowdown == pytest.approx(3.0)
+    assert (ends.ms_at_4_tensors, ends.ms_at_64_tensors) == (1.0, 3.0)
+    assert (ends.label, ends.why) == ("slower 0.33x", "")
 
 
 def test_gotchas_probe_torch_adamw():

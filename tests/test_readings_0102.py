@@ -83,30 +83,32 @@ GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101
        "idle 50 ms before each repeat": 0.0130}
 
 
-def test_01_reading_hides_percentages_the_ceiling_check_flagged():
+def table_01(space: dict) -> pd.DataFrame:
+    """Run 01's section 6 verdict cell: it prints nothing and displays one table."""
+    assert run([cell("01_environment_and_apex_build.ipynb", "flagged = any(")], space) == ""
+    return SHOWN[-1]
+
+
+def test_01_table_hides_percentages_the_ceiling_check_flagged():
     # a ceiling planted 100x too low: every share would read above 10000%
     space = space_01(GAP, ceiling_tflops=2.0)
     assert all(ceilings.is_above(v) for v in space["pct"].values())
-    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    assert ceilings.NOT_SHOWN in text
-    assert not re.search(r"\d{4,}%", text), text  # the shares are above 10000%
-    assert "pct_of_ceiling" not in SHOWN[-1]  # a share the check rejected is not displayed
+    shown = table_01(space)
+    assert "pct_of_ceiling" not in shown  # a share the check rejected is not displayed
     assert not any("points" in v for v in versus().values())  # nor points of that ceiling
     assert versus()["L2 flush before each repeat"] == "+20.0% time against back to back"
-    assert "what it loses beyond that: L2 flush before each repeat (+20% time)" in text
+    assert not shown["too_noisy"].any()
 
 
-def test_01_reading_gives_points_when_the_ceiling_holds():
+def test_01_table_gives_points_when_the_ceiling_holds():
     space = space_01(GAP, ceiling_tflops=250.0)  # 214.7 TFLOP/s back to back: 86%
-    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    assert "Of the 250 TFLOP/s bf16 ceiling, the 1024x1024 product reached 86% in the first" in text
+    shown = table_01(space)
+    assert shown.set_index("condition")["pct_of_ceiling"].round(0).to_dict()[
+        "back to back, repeats 1-5"] == 86
     assert versus()["back to back, repeats 21-25"] == ("cannot be told apart from back to back, "
                                                        "repeats 1-5 on this run (within 3%)")
     assert versus()["L2 flush before each repeat"] == "-14.3 points against back to back"
     assert versus()["back to back"] == "-"  # the reference itself
-    assert len(text.strip().splitlines()) == 2  # a table and two sentences
 
 
 def test_01_section_5s_call_is_read_against_the_same_call_in_a_row():
@@ -118,47 +120,45 @@ def test_01_section_5s_call_is_read_against_the_same_call_in_a_row():
              "section 5, L2 flush (earlier)": (0.01618, end),
              "section 5, no flush (earlier)": (0.01300, "back to back")}
     space = space_01(gap, ceiling_tflops=250.0, earlier_ms=extra)
-    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
+    table_01(space)
     pct = space["pct"]
     assert versus()[start].startswith("cannot be told apart from L2 flush before each repeat")
     assert versus()[end] == f"{pct[end] - pct[start]:+.1f} points against {start}"
     assert versus()["section 5, L2 flush (earlier)"].startswith(f"cannot be told apart from {end}")
     assert versus()["section 5, no flush (earlier)"].endswith("points against back to back")
-    # the reading's losses are this cell's rows only: section 5's timings are no condition
-    losses = text.split("what it loses beyond that: ")[1]
-    assert "section 5" not in losses and end in losses
 
 
-def test_01_reading_says_at_the_ceiling_for_a_share_just_above_it():
-    space = space_01(GAP, ceiling_tflops=213.0)  # 214.7 TFLOP/s back to back: 100.8%
-    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    assert "and 100% (at the ceiling: within the 2% its measurement moves) over all" in text
-    assert "101%" not in text and ceilings.NOT_SHOWN not in text
-
-
-def test_01_noisy_conditions_are_not_read_as_a_change():
-    space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 60% of their medians
-    text = run([cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-                cell("01_environment_and_apex_build.ipynb", "noisy = [label")], space)
-    readings = list(versus().values())
-    assert not any("points against" in v or "time against" in v for v in readings)
-    assert sum("cannot be told apart" in v for v in readings) == 3
-    assert "too noisy to compare on this run" in text and "re-run" in text
-    assert "none of the conditions measurably slows it" not in text
-
-
-def test_01_summary_does_not_print_a_flagged_percentage():
-    space = space_01(GAP, ceiling_tflops=2.0)
-    run([cell("01_environment_and_apex_build.ipynb", "flagged = any(")], space)
+def summary_01(space: dict) -> pd.Series:
+    """Run 01's summary cell after section 6's: it prints nothing and displays one table."""
+    table_01(space)
     space.update(env={"gpu_name": "GPU", "torch": "x", "torch_cuda": "x"},
                  tools={"nvcc_release": "x"}, extension_imports={}, hand_checks={},
                  apexcheck=types.SimpleNamespace(summary=lambda table: "apex"), table=None,
                  warning="", naive_ms=0.01, synced_ms=0.01, helper_ms=0.01,
                  timing=timing("t", 0.01), synced_verdict="x")
     assert run([cell("01_environment_and_apex_build.ipynb", "rates = ")], space) == ""
-    summary = SHOWN[-1]["this run"]
+    return SHOWN[-1]["this run"]
+
+
+def test_01_summary_says_100_for_a_share_just_above_the_ceiling():
+    space = space_01(GAP, ceiling_tflops=213.0)  # 214.7 TFLOP/s back to back: 100.8%
+    shares = summary_01(space)["% of the matmul ceiling"]
+    assert "back to back 100%" in shares and "101%" not in shares
+    assert ceilings.NOT_SHOWN not in shares
+
+
+def test_01_noisy_conditions_are_not_read_as_a_change():
+    space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 60% of their medians
+    shown = table_01(space)
+    readings = list(versus().values())
+    assert not any("points against" in v or "time against" in v for v in readings)
+    assert sum("cannot be told apart" in v for v in readings) == 3
+    assert shown["too_noisy"].all()
+
+
+def test_01_summary_does_not_print_a_flagged_percentage():
+    space = space_01(GAP, ceiling_tflops=2.0)
+    summary = summary_01(space)
     assert summary["% of the matmul ceiling"] == ceilings.NOT_SHOWN
     assert not re.search(r"\d{4,}%", " ".join(summary)), summary
 
@@ -174,7 +174,7 @@ def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
     step_rounds = bench.round_medians(timings)
     correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
     tables = {"step": table, "step_rounds": step_rounds,
-              "sweep_reading": chapter.sweep_reading(pd.DataFrame(sweep_rows)),
+              "sweep_ends": chapter.sweep_table(pd.DataFrame(sweep_rows)),
               "correctness": correct,
               "verdicts": verdicts.rounds_table(step_rounds, [("fused", "foreach")])}
     return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
@@ -207,14 +207,11 @@ def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
     assert ceilings.above_ceiling(dict(zip(table["candidate"], table["pct_of_copy_ceiling"],
                                            strict=True)), "copy ceiling", "cpu")
     summary = summary_02(space)
-    assert summary["fastest"].startswith("fused, 1.01 ms per step, the share of the copy "
-                                         "ceiling not shown")
+    assert summary["fastest"] == f"fused, 1.01 ms per step, {ceilings.NOT_SHOWN}"
     text = " ".join(summary)
     assert not re.search(r"\d{4,}%", text), text  # the shares are above 1e6 %
-    sweep_text = summary["0.07 M parameters from 4 into 256 tensors"]
-    assert ("fused: its two step times cannot be told apart on this run (a spread of 100% of "
-            "its median: cold caches or a busy machine - re-run to compare)") in sweep_text
-    assert "foreach took 11.8x the time" in sweep_text and "9600" not in text
+    sweep_text = summary["0.07 M parameters in 256 tensors, against 4"]
+    assert sweep_text == "fused tie, foreach slower 0.08x" and "9600" not in text
 
 
 def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():

@@ -441,21 +441,19 @@ def clear_wins(ranks: pd.DataFrame) -> pd.DataFrame:
     return table.loc[order]
 
 
-def summary_items(ranks: pd.DataFrame) -> dict[str, str]:
-    """The summary's reading of :func:`rankings`, counted by :func:`clear_wins` from that same
-    table: per ranking, the families clearly fastest and the rows with no clear winner; then
-    the mixed-dtype rows (fp32 in, half out), where Apex's MixedFused is clearly fastest."""
-    items = {}
-    for name, counts in clear_wins(ranks).items():
-        wins = ", ".join(f"{f} {n}" for f, n in counts.items() if f != "no clear winner" and n)
-        items[f"clearly fastest {RANKINGS[name]}, of {len(ranks)} rows"] = (
-            f"{wins or 'none'}; no clear winner in {counts['no clear winner']}")
+def win_table(ranks: pd.DataFrame) -> pd.DataFrame:
+    """The summary's table: :func:`clear_wins` over all rows of ``ranks`` and, where there are
+    any, over the mixed-dtype rows alone (fp32 in, half out: where Apex's MixedFused competes),
+    side by side under the column groups 'all N rows' and 'N mixed-dtype rows'."""
+    import pandas as pd
+
+    parts = {f"all {len(ranks)} rows": clear_wins(ranks)}
     mixed = ranks[ranks["dtype"].str.contains("->")]
     if len(mixed):
-        apex = clear_wins(mixed).reindex(["apex Fused"]).fillna(0).astype(int).iloc[0]
-        items[f"apex MixedFused clearly fastest, of {len(mixed)} mixed-dtype rows"] = "; ".join(
-            f"{RANKINGS[name]}: {apex[name]}" for name in RANKINGS)
-    return items
+        parts[f"{len(mixed)} mixed-dtype rows"] = clear_wins(mixed)
+    table = pd.concat(parts, axis=1).fillna(0).astype(int)
+    order = [f for f in table.index if f != "no clear winner"] + ["no clear winner"]
+    return table.loc[order]
 
 
 BANDWIDTH = "achieved bandwidth (GB/s)"

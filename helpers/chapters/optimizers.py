@@ -299,11 +299,12 @@ def tensor_count_sweep(optimizers: dict[str, Factory], total: int, counts: list[
     return pd.DataFrame(rows)
 
 
-def sweep_reading(df) -> pd.DataFrame:
-    """Per candidate: the step time with the fewest and with the most tensors, their ratio
-    (``slowdown``: how much longer the same parameter count takes when split into more tensors;
-    the raw ratio of the medians), ``reading``: 'Nx the time', or 'cannot tell apart on this
-    run' where the tie rule cannot separate the two timings, and ``why`` not (else '')."""
+def sweep_table(df) -> pd.DataFrame:
+    """Per candidate: the step time with the fewest and with the most tensors, ``slowdown``
+    (the raw ratio of the two medians: how much longer the same parameter count takes split
+    into more tensors), ``label`` (:func:`helpers.verdicts.label` of the many-tensor step against
+    the few-tensor one: 'slower 0.10x', or 'tie' where the tie rule cannot separate the two
+    timings) and ``why`` the tie rule's reason ('' where it separates them)."""
     import pandas as pd
 
     lo, hi = int(df["tensors"].min()), int(df["tensors"].max())
@@ -314,27 +315,11 @@ def sweep_reading(df) -> pd.DataFrame:
         a_ms, b_ms = float(a.median_ms), float(b.median_ms)
         why = verdicts.tie_reason(a_ms, b_ms, a_iqr=verdicts.row_iqr(a),
                                   b_iqr=verdicts.row_iqr(b))
+        word = verdicts.TIE_WORD if why else "slower" if b_ms > a_ms else "faster"
         rows.append({"candidate": name, f"ms_at_{lo}_tensors": a_ms, f"ms_at_{hi}_tensors": b_ms,
-                     "slowdown": b_ms / a_ms,
-                     "reading": f"{verdicts.TIE_WORD} on this run" if why
-                     else f"{b_ms / a_ms:.1f}x the time", "why": why})
+                     "slowdown": b_ms / a_ms, "label": verdicts.label(word, a_ms / b_ms),
+                     "why": why})
     return pd.DataFrame(rows)
-
-
-def sweep_sentence(reading: pd.DataFrame) -> str:
-    """The summary's reading of :func:`sweep_reading`: the steepest and the flattest candidate
-    among those whose two timings can be told apart, and which could not be read (and why)."""
-    clear, unread = reading[reading["why"] == ""], reading[reading["why"] != ""]
-    parts = []
-    if len(clear):
-        steep = clear.loc[clear["slowdown"].idxmax()]
-        flat = clear.loc[clear["slowdown"].idxmin()]
-        parts.append(f"{steep.candidate} took {steep.slowdown:.1f}x the time"
-                     + ("" if flat.candidate == steep.candidate else
-                        f", {flat.candidate} {flat.slowdown:.1f}x"))
-    parts += [f"{r.candidate}: its two step times cannot be told apart on this run ({r.why})"
-              for r in unread.itertuples()]
-    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------ gotchas
