@@ -116,17 +116,6 @@ def test_scale_traces_find_halvings_and_growth():
 
 
 
-def test_scale_reading_names_the_runs_whose_scale_moved():
-    steady = bench.Run("steady", "cuda", extra={"loss_scales": [8.0, 8.0, 8.0]})
-    moved = bench.Run("moved", "cuda", extra={"loss_scales": [8.0, 4.0, 4.0, 8.0]})
-    calm = legacy_amp.scale_reading(legacy_amp.scale_traces([steady]))
-    assert calm.startswith("No loss scale moved in the 1 runs"), calm
-    text = legacy_amp.scale_reading(legacy_amp.scale_traces([steady, moved]))
-    assert "moved halved it at steps [1] and grew it at steps [3]" in text, text
-    assert "steady" not in text and "No loss scale" not in text
-    assert legacy_amp.scale_reading(legacy_amp.scale_traces([])) == "No run here has a loss scale."
-
-
 def test_o3_table_reads_each_pure_fp16_run():
     def run(label, losses):
         return bench.Run(label, "cuda", losses=losses, step_ms=[1.0] * len(losses), warmup=0)
@@ -137,15 +126,18 @@ def test_o3_table_reads_each_pure_fp16_run():
             run("O3 eps=0.001", [4.0] * 10 + [1.5] * 10),  # learned, +50%
             run("O3 eps=0.003", [4.0] * 10 + [1.01] * 10)]  # learned, +1%
     eps = {"O3": 1e-8, "O3 eps=0.0001": 1e-4, "O3 eps=0.001": 1e-3, "O3 eps=0.003": 3e-3}
-    by = legacy_amp.o3_table(runs, base, 0.02, eps).set_index("run")
-    assert by.loc["O3", "outcome"] == "non-finite from step 1"
+    table = legacy_amp.o3_table(runs, base, 0.02, eps)
+    assert list(table.columns) == legacy_amp.O3_COLUMNS
+    by = table.set_index("run")
+    assert by["outcome"].tolist() == ["non-finite", "did not learn", "outside tolerance",
+                                      "within tolerance"]
+    assert by.loc["O3", "first_nonfinite_step"] == 1 and math.isnan(by.loc["O3", "final_loss"])
     assert by.loc["O3", "eps_in_fp16"] == 0.0  # 1e-8 rounds to 0 in fp16
-    assert by.loc["O3 eps=0.0001", "outcome"] == "did not learn (highest loss 8)"
-    assert by.loc["O3 eps=0.001", "outcome"] == "learned, outside the 2% tolerance"
+    assert by.loc["O3 eps=0.0001", "highest_loss"] == 8.0
     assert by.loc["O3 eps=0.001", "vs_fp32_pct"] == pytest.approx(50.0)
-    assert by.loc["O3 eps=0.003", "outcome"] == "learned, within the 2% tolerance"
+    assert by.loc["O3 eps=0.001", "adam_eps"] == 1e-3
     wider = legacy_amp.o3_table(runs, base, 0.6, eps).set_index("run")  # the verdict flips
-    assert wider.loc["O3 eps=0.001", "outcome"] == "learned, within the 60% tolerance"
+    assert wider.loc["O3 eps=0.001", "outcome"] == "within tolerance"
 
 
 # ------------------------------------------------------------------ checks
@@ -294,12 +286,14 @@ def test_apex_amp_import_is_one_line():
     assert "\n" not in text and (text.startswith("ok") or "Error" in text)
 
 
-def test_first_sentence():
-    text = ("UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended. "
+def test_warnings_table_keeps_each_distinct_first_sentence():
+    long = ("UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended. "
             "It's best to use methods such as torch.tensor(data)")
-    assert legacy_amp.first_sentence(text) == (
-        "UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended.")
-    assert legacy_amp.first_sentence("no full stop") == "no full stop"
+    levels = {"O1": {"warnings": [long, "no full stop"]}, "O2": {"warnings": [long]}, "O3": {}}
+    assert legacy_amp.warnings_table(levels)["warning"].tolist() == [
+        "UserWarning: The torch.cuda.*DtypeTensor constructors are no longer recommended.",
+        "no full stop"]
+    assert legacy_amp.warnings_table({}).empty
 
 
 # ------------------------------------------------------------------ the plan
@@ -531,25 +525,65 @@ def test_child_refuses_an_apex_from_elsewhere(script, fake_apex, tmp_path, monke
     assert not legacy_amp.runs_of(payload)[-1].ok
 
 
-def test_summary_table_reads_each_run_against_fp32():
-    def run(label, losses, ms=1.0):
-        return bench.Run(label, "cpu", losses=losses, step_ms=[ms] * len(losses), warmup=0)
+def test_runs_table_reads_each_run_against_fp32():
+    def run(label, losses, ms=1.0, recipe="", scales=None):
+        extra = {"opt_level_or_recipe": recipe or label, "param_dtype": "float16"}
+        if scales:
+            extra["loss_scales"] = scales
+        return bench.Run(label, "cpu", losses=losses, step_ms=[ms] * len(losses), warmup=0,
+                         extra=extra)
 
     base = run("fp32", [4.0] * 10 + [1.0] * 10, ms=10.0)
-    close = run("bf16", [4.0] * 10 + [1.015] * 10, ms=5.0)  # +1.5%: within 2%
+    close = run("bf16", [4.0] * 10 + [1.015] * 10, ms=5.0,  # +1.5%: within 2%
+                scales=[8.0, 4.0, 4.0, 8.0, 4.0])  # halved twice, grown once
     far = run("O3", [4.0] * 10 + [1.05] * 10)  # +5%: outside
-    broken = run("O3 eps", [4.0] + [float("nan")] * 19)
+    broken = run("O3 eps", [4.0] + [float("nan")] * 19, recipe="O3 eps=0.001")
     failed = legacy_amp.failed_run("O1", "apex.amp (legacy)", "O1", "boom", "cpu")
-    table = legacy_amp.summary_table([base, close, far, broken, failed], base, 0.02)
-    assert list(table.columns) == legacy_amp.SUMMARY_COLUMNS
+    table = legacy_amp.runs_table([base, close, far, broken, failed], base, 0.02, ("O3",))
+    assert list(table.columns) == legacy_amp.RUNS_COLUMNS
     assert list(table["run"]) == ["fp32", "bf16", "O3", "O3 eps"]  # the failed run is left out
     by = table.set_index("run")
-    assert by.loc["bf16", "step_ms"] == 5.0
-    assert by.loc["bf16", "vs_fp32"] == pytest.approx(0.015)
+    assert by.loc["bf16", "step_ms"] == 5.0 and by.loc["bf16", "param_dtype"] == "float16"
     assert by.loc["bf16", "vs_fp32_pct"] == pytest.approx(1.5)
+    assert by["scale_halvings"].tolist() == [0, 2, 0, 0]
     assert by["within_tolerance"].tolist() == [True, True, False, False]
-    assert not by.loc["O3 eps", "finite"] and by.loc["O3", "finite"]
-    assert legacy_amp.summary_table([base, far], base, 0.06)["within_tolerance"].all()
+    assert by["learned"].tolist() == [True, True, True, False]
+    assert by["asserted"].tolist() == [True, True, False, False]
+    assert legacy_amp.runs_table([base, far], base, 0.06)["within_tolerance"].all()
+
+
+def test_levels_table_sums_up_each_opt_level():
+    import pandas as pd
+
+    runs = pd.DataFrame({"run": ["apex.amp O1", "apex.amp O2", "apex.amp O3", "torch.amp fp32",
+                                 "torch.amp autocast_fp16"],
+                         "learned": [True, True, False, True, True],
+                         "within_tolerance": [True, False, False, True, True]})
+    speed = pd.DataFrame({"candidate": ["torch.amp autocast_fp16"], "vs": ["apex.amp O1"],
+                          "label": ["faster 1.27x"]})
+    overflow = pd.DataFrame([
+        {"run": "apex.amp O1", "params_unchanged": True, "scale_halved": True,
+         "next_step_updates": True},
+        {"run": "apex.amp O2", "params_unchanged": False, "scale_halved": True,
+         "next_step_updates": True}])
+    options = {e["opt_level"]: dict(e["options"]) for e in legacy_amp.MIGRATION}
+    options["O2"]["master_weights"] = False  # a mismatch
+    levels = {lvl: {"options": o, "restored": lvl != "O3"} for lvl, o in options.items()}
+    levels.pop("O0")  # O0 did not report
+    replaced = {"O0": "torch.amp fp32", "O1": "torch.amp autocast_fp16",
+                "O2": "torch.amp autocast_fp16"}
+    table = legacy_amp.levels_table(runs, speed, overflow, levels, replaced)
+    assert list(table.columns) == legacy_amp.LEVELS_COLUMNS
+    by = table.set_index("opt_level")
+    assert by["apex_options_match"].tolist() == [None, True, False, True]
+    assert by["torch_restored"].tolist() == [None, True, True, False]
+    assert by["legacy_trained"].tolist() == [None, True, False, False]
+    assert by["recipe_trained"].tolist() == [True, True, True, None]
+    assert by["recipe_vs_legacy"].isna().tolist() == [True, False, True, True]
+    assert by.loc["O1", "recipe_vs_legacy"] == "faster 1.27x"
+    assert by["overflow_skipped"].tolist() == [None, True, False, None]
+    empty = legacy_amp.levels_table(runs.iloc[:0], speed.iloc[:0], pd.DataFrame(), {}, {})
+    assert empty["opt_level"].tolist() == list(legacy_amp.OPT_LEVELS)
 
 
 # ------------------------------------------------------------------ step times in rounds

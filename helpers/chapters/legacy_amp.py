@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -278,26 +279,16 @@ def scale_traces(runs: list[bench.Run]):
                                        "halved_at_steps", "grown_at_steps"])
 
 
-def scale_reading(traces) -> str:
-    """Section 6's sentence on :func:`scale_traces`: the runs whose loss scale moved (a halving
-    is an overflow, and that step was skipped), or that no scale moved."""
-    moved = [f"{r.run} halved it at steps {r.halved_at_steps}"
-             + (f" and grew it at steps {r.grown_at_steps}" if r.grown_at_steps else "")
-             if r.halved_at_steps else f"{r.run} grew it at steps {r.grown_at_steps}"
-             for r in traces.itertuples() if r.halved_at_steps or r.grown_at_steps]
-    if traces.empty:
-        return "No run here has a loss scale."
-    if not moved:
-        return (f"No loss scale moved in the {len(traces)} runs that have one: no step "
-                "overflowed, so none was skipped.")
-    return "Loss scale: " + "; ".join(moved) + " (each halving skipped its step)."
+O3_COLUMNS = ["run", "adam_eps", "eps_in_fp16", "outcome", "first_nonfinite_step",
+              "highest_loss", "final_loss", "vs_fp32_pct"]
 
 
 def o3_table(runs: list[bench.Run], base: bench.Run, tolerance: float,
              eps: dict[str, float]):
-    """Section 6's O3 table: one row per pure-fp16 run (``eps``: label -> its Adam eps) with the
-    eps as fp16 stores it and what happened - non-finite from step n, finite but not learned,
-    or learned within or outside ``tolerance`` (a fraction) of ``base``'s (fp32) final loss."""
+    """One row per pure-fp16 run (``eps``: label -> its Adam eps): the eps as fp16 stores it and
+    its ``outcome`` - 'non-finite' (from ``first_nonfinite_step``), 'did not learn', or
+    'within tolerance' / 'outside tolerance' of ``base``'s (fp32) final loss (``tolerance``, a
+    fraction)."""
     import pandas as pd
 
     rows = []
@@ -305,17 +296,18 @@ def o3_table(runs: list[bench.Run], base: bench.Run, tolerance: float,
         e = eps.get(r.label, math.nan)
         gap = (r.final_loss - base.final_loss) / base.final_loss if r.finite else math.nan
         if not r.finite:
-            outcome = f"non-finite from step {r.first_nonfinite_step}"
+            outcome = "non-finite"
         elif not r.learned:
-            outcome = f"did not learn (highest loss {max(r.losses):.4g})"
+            outcome = "did not learn"
         else:
-            where = "within" if abs(gap) <= tolerance else "outside"
-            outcome = f"learned, {where} the {tolerance:.0%} tolerance"
+            outcome = "within tolerance" if abs(gap) <= tolerance else "outside tolerance"
+        finite = [v for v in r.losses if math.isfinite(v)]
         rows.append({"run": r.label, "adam_eps": e, "eps_in_fp16": float(torch.tensor(e).half()),
-                     "outcome": outcome, "final_loss": r.final_loss if r.finite else math.nan,
+                     "outcome": outcome, "first_nonfinite_step": r.first_nonfinite_step,
+                     "highest_loss": max(finite, default=math.nan),
+                     "final_loss": r.final_loss if r.finite else math.nan,
                      "vs_fp32_pct": 100 * gap})
-    return pd.DataFrame(rows, columns=["run", "adam_eps", "eps_in_fp16", "outcome",
-                                       "final_loss", "vs_fp32_pct"])
+    return pd.DataFrame(rows, columns=O3_COLUMNS)
 
 
 # ------------------------------------------------------------------ step times
@@ -418,14 +410,18 @@ def speed_table(kernel: dict[str, list[float]], child: dict[str, list[float]], b
     return pd.DataFrame(rows, columns=SPEED_COLUMNS)
 
 
-SUMMARY_COLUMNS = ["run", "step_ms", "step_iqr_ms", "final_loss", "vs_fp32", "vs_fp32_pct",
-                   "finite", "learned", "within_tolerance"]
+RUNS_COLUMNS = ["run", "step_ms", "step_iqr_ms", "final_loss", "vs_fp32_pct", "param_dtype",
+                "master_dtype", "activation_dtype", "peak_mem_gib", "scale_halvings", "learned",
+                "within_tolerance", "asserted"]
 
 
-def summary_table(runs: list[bench.Run], base: bench.Run, tolerance: float):
-    """The closing table: one row per run that ran - its median step time and IQR, its final
-    loss, the difference to ``base`` (fp32) in nats and in percent, finite, learned, and
-    whether it ended within ``tolerance`` (a fraction) of fp32's final loss."""
+def runs_table(runs: list[bench.Run], base: bench.Run, tolerance: float,
+               unchecked: tuple[str, ...] = ()):
+    """One row per run that ran: its median step time and IQR, its final loss and the
+    difference to ``base`` (fp32) in percent, its dtypes and peak memory, how often its loss
+    scale was halved (each halving skipped a step), learned, whether it ended within
+    ``tolerance`` (a fraction) of fp32's final loss, and whether the notebook asserts that
+    (not for recipes whose name starts with one of ``unchecked``)."""
     import pandas as pd
 
     rows = []
@@ -434,13 +430,53 @@ def summary_table(runs: list[bench.Run], base: bench.Run, tolerance: float):
             continue
         row = r.row()
         diff = r.final_loss - base.final_loss
-        rows.append({"run": r.label, "step_ms": row["step_ms"], "step_iqr_ms": row["step_iqr_ms"],
-                     "final_loss": r.final_loss, "vs_fp32": diff,
-                     "vs_fp32_pct": 100 * diff / base.final_loss, "finite": r.finite,
-                     "learned": r.learned,
+        scales = r.extra.get("loss_scales") or []
+        rows.append({**{c: row.get(c, math.nan) for c in RUNS_COLUMNS},
+                     "vs_fp32_pct": 100 * diff / base.final_loss,
+                     "scale_halvings": sum(b < a for a, b in itertools.pairwise(scales)),
                      "within_tolerance": bool(r.finite and abs(diff)
-                                              <= tolerance * base.final_loss)})
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+                                              <= tolerance * base.final_loss),
+                     "asserted": not str(r.extra.get("opt_level_or_recipe", ""))
+                     .startswith(unchecked)})
+    return pd.DataFrame(rows, columns=RUNS_COLUMNS)
+
+
+LEVELS_COLUMNS = ["opt_level", "torch_amp_recipe", "apex_options_match", "torch_restored",
+                  "legacy_trained", "recipe_trained", "recipe_vs_legacy", "overflow_skipped"]
+
+
+def levels_table(runs, speed, overflow, levels: dict[str, dict], replaced_by: dict[str, str]):
+    """The summary, one row per opt level: the torch.amp recipe that replaces it
+    (``replaced_by``: level -> run label), whether the legacy Apex set the options of the map
+    and restored torch after it (``levels``: the child's reports), whether the level and its
+    recipe trained (``runs``: :func:`runs_table`; learned and within the tolerance), the
+    recipe's speed label against the level (``speed``: :func:`speed_table`) and whether the
+    level skipped the forced overflow step (``overflow``: rows of :func:`overflow_probe`).
+    None where it was not measured here."""
+    import pandas as pd
+
+    trained = {r.run: bool(r.learned and r.within_tolerance) for r in runs.itertuples()}
+    labels = {(r.candidate, r.vs): r.label for r in speed.itertuples()}
+    skipped = {}
+    for r in overflow.to_dict(orient="records"):
+        if not r.get("error") and "params_unchanged" in r:
+            skipped[r["run"]] = bool(r["params_unchanged"] and r["scale_halved"]
+                                     and r["next_step_updates"])
+    rows = []
+    for entry in MIGRATION:
+        level = entry["opt_level"]
+        legacy, recipe = f"apex.amp {level}", replaced_by.get(level)
+        info = levels.get(level, {})
+        got = info.get("options")
+        rows.append({"opt_level": level, "torch_amp_recipe": recipe,
+                     "apex_options_match": (all(got.get(k) == v for k, v
+                                                in entry["options"].items()) if got else None),
+                     "torch_restored": info.get("restored"),
+                     "legacy_trained": trained.get(legacy),
+                     "recipe_trained": trained.get(recipe),
+                     "recipe_vs_legacy": labels.get((recipe, legacy)),
+                     "overflow_skipped": skipped.get(legacy)})
+    return pd.DataFrame(rows, columns=LEVELS_COLUMNS)
 
 
 # ------------------------------------------------------------------ checks
@@ -673,11 +709,14 @@ def jsonable_options(options: dict) -> dict:
     return {k: (dtype_name(v) if isinstance(v, torch.dtype) else v) for k, v in options.items()}
 
 
-def first_sentence(text: str) -> str:
-    """``text`` up to the end of its first sentence (a '.', '!' or '?' followed by a space or
-    the end); the whole text when there is none."""
-    match = re.match(r"(.+?[.!?])(?=\s|$)", text.strip())
-    return match.group(1) if match else text.strip()
+def warnings_table(levels: dict[str, dict]):
+    """The distinct warnings the legacy Apex raised over all levels (``levels``: the child's
+    reports), each cut to its first sentence, sorted: one column, ``warning``."""
+    import pandas as pd
+
+    cut = {(m.group(1) if (m := re.match(r"(.+?[.!?])(?=\s|$)", w.strip())) else w.strip())
+           for info in levels.values() for w in info.get("warnings", [])}
+    return pd.DataFrame({"warning": sorted(cut)})
 
 
 class _HideModules(importlib.abc.MetaPathFinder):
