@@ -11,7 +11,8 @@ teach (notebook 05's own readings are ``helpers.chapters.end_to_end``'s).
   ``.py`` sources, split by file (every 20th to validation) - and a :class:`BatchPlan` that
   draws every batch's offsets up front from one seeded generator, so every path sees the same
   batches in the same order, with a step-weighted checksum that proves it.
-- running a path: :func:`attempt` (one path run with its failures as one line), and the tables
+- running a path: :func:`train_path` (build, train, peak memory: the run record of 05 and 06),
+  :func:`attempt` (one path run with its failures as one line), and the tables
   of runs the notebooks share: :func:`paths_table` (05, and 06 through its chapter),
   :func:`start_table` and :func:`unhealthy_start` (05 and 06).
 
@@ -453,6 +454,27 @@ def attempt(fn: Callable[[], bench.Run], label: str, device: torch.device | str,
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def train_path(build: Callable[[], tuple[Callable[[int], torch.Tensor], dict]], steps: int, *,
+               device: torch.device | str, warmup: int, label: str,
+               progress: Callable | None = None, compiled: bool = False,
+               finish: Callable[[bench.Run, dict], None] | None = None) -> bench.Run:
+    """One path's run record: ``build()`` inside :func:`bench.peak_memory` returns the path's
+    training step and its parts (model, optimizer, ...); :func:`bench.train` trains it for
+    ``steps`` steps; then the peak memory, with ``compiled`` the compile time (step 0 beyond a
+    median step: ``extra['compile_s']``), and ``finish(run, parts)`` adds what the notebook
+    measures after training (validation loss, a profile, one more step's memory)."""
+    with bench.peak_memory(device) as peak:
+        step, parts = build()
+        run = bench.train(step, steps, device=device, warmup=warmup, label=label,
+                          progress=progress)
+    run.peak_mem_gib = peak.gib
+    if finish is not None:
+        finish(run, parts)
+    if compiled:  # step 0 compiled (or met compiled blocks): what it took beyond a step
+        run.extra["compile_s"] = max(0.0, run.first_step_s - run.timing.median_ms / 1e3)
+    return run
 
 
 # ------------------------------------------------------------------ tables of runs

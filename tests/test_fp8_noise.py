@@ -125,21 +125,6 @@ def test_a_timing_whose_spread_is_too_wide_is_not_called_faster():
     assert not row["faster"] and not row["speeds_up"]
 
 
-def test_the_summary_agrees_with_the_verdict_table():
-    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
-    grown = fp8.outlier_sweep(x, [1.0, 1e6], [(E4M3, "tensorwise")], row=0)
-    correctness = pd.DataFrame([{"recipe": "tensorwise", "product": "output", "rel_err": 0.03,
-                                 "ok": True, "kernel": "FP8 tensor cores"}])
-    verdict = pd.DataFrame(fp8.verdict_rows("GPT 12 x 768",
-                                            _e2e(0.003, 0.012, noise=_noise(0.004))))
-    table = fp8.summary_table(grown, correctness, _sweep(), verdict, pd.DataFrame())
-    by = dict(zip(table["topic"], table["on this run"], strict=True))
-    for r in verdict.itertuples():
-        said = by[f"GPT 12 x 768, {r.recipe}"]
-        assert f"{r.loss_verdict} against {r.yardstick}" in said and f"target {r.target}" in said
-        assert ("speeds up training" in said) == bool(r.speeds_up)
-
-
 def test_end_to_end_table_has_the_speedup_and_loss_difference():
     table = _e2e(0.01, 0.0).set_index("recipe")
     assert table.loc["tensorwise", "speedup_vs_bf16"] == pytest.approx(1.25)

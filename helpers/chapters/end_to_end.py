@@ -7,18 +7,13 @@ one) and the goals it is held to (:class:`Targets`) are the notebook's, passed i
 
 - memory: the size of the score matrix written-out attention would hold
   (:func:`score_matrix_bytes`) and the bytes autograd saves for backward (:func:`saved_bytes`);
-- the time breakdown: per-category kernel time next to the step (:func:`breakdown_table`), its
-  stacked chart (:func:`breakdown_chart`) and two paths' difference explained
-  (:func:`compare_breakdown`);
-- the readings, all computed from the run's tables: the verdict (:func:`verdict`, step times by
-  the tie rule of :mod:`helpers.verdicts`), the table of targets met or missed
-  (:func:`targets`), the table of what holds the fastest path's MFU down (:func:`mfu_limits`,
-  read by :func:`mfu_bound`) and the closing table of the paths (:func:`summary_table`, read
-  by :func:`summary`), with the validation losses read against the run's noise floor
-  (:func:`loss_reading`).
-
-It is over 400 lines because each reading comes with the table it reads: splitting the tables
-from their sentences would leave one half checking numbers the other half formats.
+- the time breakdown: per-category kernel time next to the step (:func:`breakdown_table`) and
+  its stacked chart (:func:`breakdown_chart`);
+- the tables read from the run: the targets met or missed (:func:`targets`, the loss target
+  read against the run's other seeds), what holds the fastest path's MFU down
+  (:func:`mfu_limits`), the paths' speed-ups by the tie rule (:func:`summary_table`), the
+  yardsticks, and the norm a step pays for (:func:`norm_choice`, :func:`norm_in_step`).
+Each returns numbers and verdict words (``verdicts.label``); the notebook's markdown reads them.
 """
 
 from __future__ import annotations
@@ -142,47 +137,7 @@ def breakdown_chart(breakdown: pd.DataFrame, ax=None):
     return ax
 
 
-def compare_breakdown(table: pd.DataFrame, a: str, b: str) -> str:
-    """One sentence on the step-time difference of paths ``a`` and ``b`` from their breakdown
-    rows: how much is in kernels (and which category most) and how much outside them."""
-    rows = table.set_index("path") if not table.empty else table
-    if a not in rows.index or b not in rows.index:
-        return f"Paths {a} and {b} were not both profiled, so there is nothing to compare."
-    ra, rb = rows.loc[a], rows.loc[b]
-    diffs = {k: ra[f"{k}_ms"] - rb[f"{k}_ms"] for k in kernels.NAMES}
-    top = max(diffs, key=lambda k: abs(diffs[k]))
-    kernel_diff = ra["kernel_ms"] - rb["kernel_ms"]
-    gap_diff = ra["gap_ms"] - rb["gap_ms"]
-    on_cuda = ra.get("device", "cuda") == "cuda"
-    inside, outside = (("kernels", "idle GPU time (CPU-side overhead)") if on_cuda
-                       else ("ATen operators", "time outside operators (Python, dispatch)"))
-    cause = inside if abs(kernel_diff) >= abs(gap_diff) else outside
-    text = (f"Path {a} vs path {b}: step {ra['step_ms'] - rb['step_ms']:+.2f} ms, {inside} "
-            f"{kernel_diff:+.2f} ms (most in {top}, {diffs[top]:+.2f} ms) and the rest "
-            f"{gap_diff:+.2f} ms, so most of the difference is in {cause}")
-    if on_cuda:
-        text += (f"; {ra['kernels_per_step']:.0f} vs {rb['kernels_per_step']:.0f} kernel "
-                 "launches per step")
-    return text + "."
-
-
 # ------------------------------------------------------------------ the readings
-def mfu_text(mfu: float) -> str:
-    """'38.7% MFU', or a note where the figure is above 100% (the CHECK line has called it
-    impossible: the peak it was measured against is wrong), so no summary repeats it."""
-    if not math.isfinite(mfu):
-        return "MFU not measured"
-    return f"{mfu:.1%} MFU" if mfu <= 1.0 else "MFU not shown (above 100%: see the CHECK line)"
-
-
-def speedup_text(row: pd.Series, base: pd.Series, what: str) -> str:
-    """', 6.90x path 1' when the two step-time distributions can be told apart, else ', cannot
-    be told apart from path 1 (why)' - never a ratio of two timings the tie rule rejects."""
-    a, b = float(row["step_ms"]), float(base["step_ms"])
-    why = verdicts.tie_reason(a, b, a_iqr=_step_iqr(row), b_iqr=_step_iqr(base))
-    return f", cannot be told apart from {what} ({why})" if why else f", {b / a:.2f}x {what}"
-
-
 def _step_iqr(row: pd.Series) -> tuple[float, float] | None:
     """A row's (first, third) quartile of the step time, when the table has them."""
     q1, q3 = row.get("step_ms_q1", math.nan), row.get("step_ms_q3", math.nan)
@@ -200,123 +155,59 @@ def fastest_paths(table: pd.DataFrame) -> list[str]:
     return verdicts.tied_with_fastest(timings, key="path")
 
 
-def verdict(table: pd.DataFrame, roles: Roles) -> str:
-    """Two sentences built from the run's numbers: the fastest path (against the baseline when
-    it ran, and the paths the tie rule cannot tell from it), then Apex vs native (step time
-    through ``verdicts.compare``, and peak memory)."""
-    ran = table[table["status"] == "ran"]
-    if ran.empty:
-        return "No path ran, so there is nothing to compare."
-    tied = fastest_paths(table)
-    by = ran.set_index("path")
-    fastest = by.loc[tied[0]]
-    versus = (speedup_text(fastest, by.loc[roles.baseline], roles.baseline_name)
-              if tied[0] != roles.baseline and roles.baseline in by.index else "")
-    others = ("" if len(tied) == 1 else f"path {tied[1]}" if len(tied) == 2 else
-              f"paths {', '.join(tied[1:-1])} and {tied[-1]}")
-    lines = [f"On this run the fastest path was {tied[0]} ({fastest['label']}) at "
-             f"{fastest['step_ms']:.1f} ms per step, {mfu_text(fastest['mfu'])}{versus}"
-             + (f" ({others} cannot be told apart from it by the tie rule)" if others else "")
-             + "."]
-    apex, native = roles.apex, roles.native
-    if {apex, native} <= set(by.index):
-        ra, rn = by.loc[apex], by.loc[native]
-        ms_a, ms_n = float(ra["step_ms"]), float(rn["step_ms"])
-        iqr_a, iqr_n = _step_iqr(ra), _step_iqr(rn)
-        faster = ms_a < ms_n and not verdicts.is_tie(ms_a, ms_n, a_iqr=iqr_a, b_iqr=iqr_n)
-        compared = verdicts.compare(f"Path {apex}", ms_a, f"path {native}", ms_n, a_iqr=iqr_a,
-                                    b_iqr=iqr_n)
-        memory = ""
-        mem_a = float(ra.get("peak_mem_gib", math.nan))
-        mem_n = float(rn.get("peak_mem_gib", math.nan))
-        if not (math.isnan(mem_a) or math.isnan(mem_n)):
-            diff = mem_a - mem_n
-            how = ("the same" if abs(diff) < 0.005 else
-                   f"{abs(diff):.2f} GiB {'less' if diff < 0 else 'more'} for path {apex}")
-            memory = (f"; peak memory: path {apex} {mem_a:.2f} GiB, path {native} "
-                      f"{mem_n:.2f} GiB ({how})")
-        lines.append(f"{compared}: on this GPU Apex's FusedAdam and fused LayerNorm are "
-                     f"{'faster' if faster else 'not faster'} than PyTorch's own fused AdamW "
-                     f"and LayerNorm{memory}.")
-    else:
-        lines.append("Apex and native could not both run here, so there is no Apex verdict.")
-    return "\n".join(lines)
-
-
 def val_loss_spread(table: pd.DataFrame) -> float:
     """(largest / smallest final validation loss) - 1 over the paths that ran; NaN under two."""
     losses = table.loc[table["status"] == "ran", "final_val_loss"].dropna()
     return float(losses.max() / losses.min() - 1) if len(losses) >= 2 else math.nan
 
 
-def loss_reading(table: pd.DataFrame, noise: verdicts.NoiseFloor | None) -> str:
-    """The paths' validation-loss spread read against the yardstick of "do two numerics learn
-    the same?" (the other seeds' spread, :func:`helpers.verdicts.yardstick`): '(spread X%;
-    other seeds Y%: within noise)', or '(spread X%)' without a noise measurement."""
-    spread = val_loss_spread(table)
-    if noise is None:
-        return f"spread {spread:.2%}"
-    scale, name = verdicts.yardstick(noise, "numerics")
-    if not math.isfinite(scale):
-        return f"spread {spread:.2%}; {name} not measured"
-    word = "beyond noise" if verdicts.beyond_noise(spread, scale) else "within noise"
-    return f"spread {spread:.2%}; {name} {scale:.2%}: {word}"
+TARGET_COLUMNS = ["target", "threshold", "measured", "yardstick", "reading"]
 
 
 def targets(table: pd.DataFrame, goals: Targets, roles: Roles, *, applies: bool,
             noise: verdicts.NoiseFloor | None = None) -> pd.DataFrame:
-    """One row per goal of ``goals``: the ``target``, what this run ``measured`` and the
-    ``reading`` - "met", "MISSED" or "not measured here"; the loss target is read against the
-    other seeds' spread measured in the same run (``noise``, :func:`helpers.verdicts.
-    target_verdict`): "met", "MISSED" or "undecided" when a re-run could land on either side.
-    ``applies``: whether this run is one the goals are set for; where it is not, every reading
-    is "not evaluated" and the measured column still shows this run's numbers. The Apex path's
-    speedup is the table's ``speedup_vs_fp32`` (``gpt.paths_table`` with
-    ``baseline=roles.baseline``)."""
+    """One row per goal of ``goals``: the ``target``, its ``threshold``, what this run
+    ``measured`` (a number: the best MFU, the Apex path's speed-up over the baseline, the Apex
+    over native step-time ratio, the validation losses' relative spread) and the ``reading`` -
+    "met", "MISSED" or "not measured here"; the loss target is read against the other seeds'
+    spread measured in the same run (``yardstick``; :func:`helpers.verdicts.target_verdict`):
+    "met", "MISSED" or "undecided" when a re-run could land on either side. ``applies``: whether
+    this run is one the goals are set for; where it is not, every reading is "not evaluated".
+    An MFU above 100% (a wrong peak: the CHECK line) is not measured. The Apex path's speedup is
+    the table's ``speedup_vs_fp32`` (``gpt.paths_table`` with ``baseline=roles.baseline``)."""
     by = table[table["status"] == "ran"].set_index("path")
     base, apex, native = roles.baseline, roles.apex, roles.native
     rows = []
 
-    def add(target: str, measured: str, ok: bool | None, reading: str | None = None) -> None:
+    def add(target: str, threshold: float, measured: float, ok: bool | None,
+            reading: str | None = None, yardstick: float = math.nan) -> None:
         if not applies:
-            reading = "not evaluated (set for the full profile on a GPU)"
+            reading = "not evaluated"
         elif reading is None:
             reading = "not measured here" if ok is None else ("met" if ok else "MISSED")
-        rows.append({"target": target, "measured": measured, "reading": reading})
+        rows.append({"target": target, "threshold": threshold, "measured": measured,
+                     "yardstick": yardstick, "reading": reading})
 
-    mfu_goal = f"fastest path >= {goals.mfu:.0%} MFU"
     best = by["mfu"].max() if "mfu" in by and len(by) else math.nan
-    if best > 1.0:
-        add(mfu_goal, "MFU above 100% (see the CHECK line)", None)
-    else:
-        add(mfu_goal, "-" if math.isnan(best) else f"best {best:.1%}",
-            None if math.isnan(best) else bool(best >= goals.mfu))
-    speedup_goal = f"path {apex} >= {goals.speedup:g}x path {base}"
-    if {base, apex} <= set(by.index):
-        x = float(by.loc[apex, "speedup_vs_fp32"])
-        add(speedup_goal, f"{x:.2f}x", bool(x >= goals.speedup))
-    else:
-        add(speedup_goal, "-", None)
-    slower_goal = f"path {apex} at most {goals.slower:.0%} slower than path {native}"
-    if {apex, native} <= set(by.index):
-        r = float(by.loc[apex, "step_ms"] / by.loc[native, "step_ms"])
-        add(slower_goal, f"step-time ratio {r:.3f}", bool(r <= 1 + goals.slower))
-    else:
-        add(slower_goal, "-", None)
-    loss_goal = f"validation losses within {goals.val_loss:.0%} of each other"
+    best = math.nan if best > 1.0 else best  # above 100%: a wrong peak, not a measurement
+    add("fastest path's MFU, at least", goals.mfu, best,
+        None if math.isnan(best) else bool(best >= goals.mfu))
+    x = float(by.loc[apex, "speedup_vs_fp32"]) if {base, apex} <= set(by.index) else math.nan
+    add(f"path {apex}'s speed-up over path {base}, at least", goals.speedup, x,
+        None if math.isnan(x) else bool(x >= goals.speedup))
+    r = (float(by.loc[apex, "step_ms"] / by.loc[native, "step_ms"])
+         if {apex, native} <= set(by.index) else math.nan)
+    add(f"path {apex}'s step time over path {native}'s, at most", 1 + goals.slower, r,
+        None if math.isnan(r) else bool(r <= 1 + goals.slower))
     spread = val_loss_spread(table)
     if math.isnan(spread):
-        add(loss_goal, "-", None)
+        add("validation losses' spread, at most", goals.val_loss, spread, None)
     else:  # the target read against the other seeds' spread: within, beyond or undecided
         scale, _ = verdicts.yardstick(noise, "numerics")
         word = verdicts.target_verdict(spread, scale, goals.val_loss)
-        add(loss_goal, loss_reading(table, noise), None,
-            {"within": "met", "beyond": "MISSED"}.get(word, word))
-    return pd.DataFrame(rows, columns=["target", "measured", "reading"])
-
-
-def _rate(tflops: float) -> str:
-    return f"{tflops:.0f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
+        add("validation losses' spread, at most", goals.val_loss, spread, None,
+            {"within": "met", "beyond": "MISSED"}.get(word, word), yardstick=scale)
+    return pd.DataFrame(rows, columns=TARGET_COLUMNS)
 
 
 LIMITS_COLUMNS = ["path", "part", "ms", "share_of_step", "tflop_per_step", "tflops",
@@ -362,35 +253,15 @@ def mfu_limits(breakdown: pd.DataFrame, table: pd.DataFrame, cfg: gpt.GPTConfig,
     return pd.DataFrame(rows, columns=LIMITS_COLUMNS)
 
 
-def mfu_bound(limits: pd.DataFrame, table: pd.DataFrame, peak_tflops: float) -> str:
-    """The reading of :func:`mfu_limits`: the MFU the path would reach if everything but its
-    matmuls and attention took no time."""
-    if limits.empty:
-        return ("What limits MFU is not read here: no path was profiled, or the fastest one's "
-                "MFU is above 100% (see the CHECK line).")
-    key = limits["path"].iloc[0]
-    path = table.set_index("path").loc[key]
-    counted = limits[limits["tflop_per_step"] > 0]
-    seconds = counted["ms"].sum() / 1e3
-    if seconds <= 0:
-        return f"Path {key}'s profile holds no matmul or attention time to read."
-    bound = counted["tflop_per_step"].sum() / seconds / peak_tflops
-    rest = limits.loc[limits["part"] == "everything else", "share_of_step"].iloc[0]
-    return (f"Path {key} ({path['label']}, {mfu_text(path['mfu'])}) spends {rest:.0%} of its "
-            f"step outside the matmuls and attention; even if that took no time it would reach "
-            f"{bound:.0%} MFU of the {_rate(peak_tflops)} peak, and the rest of the distance is "
-            "the matmul and attention kernels' own.")
-
-
 SUMMARY_COLUMNS = ["path", "label", "step_ms", "tokens_per_s", "mfu", "speedup", "vs_baseline",
                    "final_val_loss"]
 
 
 def summary_table(table: pd.DataFrame, roles: Roles) -> pd.DataFrame:
     """One row per path that ran: step time, tokens/s, MFU (NaN where above 100%: see the CHECK
-    line), its speed-up over the baseline and the tie rule's reading of it (``vs_baseline``:
-    "faster", "slower" or "cannot tell apart", never a ratio of two timings it cannot separate:
-    ``speedup`` is NaN then), and the validation loss."""
+    line), its speed-up over the baseline and the tie rule's reading of it (``vs_baseline``, as
+    ``verdicts.label`` writes it: 'faster 6.90x', 'slower 0.95x' or 'tie', never a ratio of two
+    timings it cannot separate: ``speedup`` is NaN then), and the validation loss."""
     ran = table[table["status"] == "ran"]
     rows = []
     base = roles.baseline
@@ -404,8 +275,9 @@ def summary_table(table: pd.DataFrame, roles: Roles) -> pd.DataFrame:
             speedup, reading = 1.0, "baseline"
         elif key in pairs.index:
             pair = pairs.loc[key]
-            reading = pair["verdict"]
-            speedup = math.nan if reading == verdicts.TIE_WORD else float(pair["speedup"])
+            speedup = (math.nan if pair["verdict"] == verdicts.TIE_WORD
+                       else float(pair["speedup"]))
+            reading = verdicts.label(pair["verdict"], speedup)
         else:
             speedup, reading = math.nan, "no baseline"
         mfu = float(row.get("mfu", math.nan))
@@ -415,35 +287,6 @@ def summary_table(table: pd.DataFrame, roles: Roles) -> pd.DataFrame:
                      "vs_baseline": reading,
                      "final_val_loss": float(row.get("final_val_loss", math.nan))})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
-
-
-def summary(table: pd.DataFrame, roles: Roles, *, where: str, tokens_per_step: int, steps: int,
-            noise: verdicts.NoiseFloor | None = None) -> str:
-    """The notebook's closing reading of :func:`summary_table`, in at most two sentences: the
-    fastest path and the validation-loss spread (against the noise floor when given), then
-    whether compiling paid back its compile time against the native path."""
-    ran = table[table["status"] == "ran"]
-    if ran.empty:
-        return f"No path ran on this run ({where}), so there is nothing to summarise."
-    by_path = ran.set_index("path")
-    native, compiled = roles.native, roles.compiled
-    tied = fastest_paths(table)
-    fastest = f"path {tied[0]}" + (f" (cannot be told apart from {', '.join(tied[1:])})"
-                                   if len(tied) > 1 else "")
-    spread = val_loss_spread(table)
-    losses = "" if math.isnan(spread) else f"; validation losses {loss_reading(table, noise)}"
-    lines = [f"On this run ({where}, {tokens_per_step} tokens per step, {steps} steps per path) "
-             f"the fastest was {fastest}{losses}."]
-    if {native, compiled} <= set(by_path.index):
-        rn, rc = by_path.loc[native], by_path.loc[compiled]
-        saved_s = (rn["step_ms"] - rc["step_ms"]) / 1e3
-        tie = verdicts.is_tie(float(rc["step_ms"]), float(rn["step_ms"]), a_iqr=_step_iqr(rc),
-                              b_iqr=_step_iqr(rn))
-        payback = (f"paid back after {rc['compile_s'] / saved_s:.0f} steps" if saved_s > 0
-                   and not tie else f"never paid back: path {compiled} was not measurably "
-                   f"faster than path {native}")
-        lines.append(f"torch.compile took {rc['compile_s']:.1f} s, {payback}.")
-    return " ".join(lines)
 
 
 # ------------------------------------------------------------------ the yardsticks

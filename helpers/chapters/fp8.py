@@ -8,28 +8,26 @@
   rounding error of a cast against float64 (:func:`cast`, :func:`rounding_table`);
 - the width sweep: one Linear's forward + backward timed as GPU time with the host-included call
   time and the host's issue time beside it (:class:`HostClock`) and the launch-bound flag
-  (:func:`time_case`, :func:`launch_bound`, :func:`launch_bound_line`), its table
-  with TFLOP/s, the ratio to bf16 and the MB the casts move (:func:`sweep_table`,
-  :func:`cast_mb`), the crossover width (:func:`crossover`) and its reading
-  (:func:`sweep_reading`);
+  (:func:`time_case`, :func:`launch_bound`), its table with TFLOP/s, the ratio to bf16 and the
+  MB the casts move (:func:`sweep_table`, :func:`cast_mb`), the widths where float8 is faster
+  by the tie rule (:func:`faster_widths`) and the crossover width (:func:`crossover`);
 - the sweep against the step: a model's converted Linear shapes (:func:`linear_shapes`), the
   step change the sweep predicts for them (:func:`predict_step`) set against the measured one
   (:func:`reconcile_row`), beside torchao's published figures (:data:`PUBLISHED`);
-- torchao's auto filter read against the sweep (:func:`filter_table`, :func:`filter_reading`);
-  what a forward keeps for backward (:func:`saved_for_backward`) and one training step's memory
-  attributed part by part so that the parts add up to its measured peak (:func:`step_memory`,
-  :func:`memory_table`);
-- the end-to-end table, the verdict table and the summary table, all computed from the run's
-  tables (:func:`end_to_end_table`, :func:`verdict_rows`, :func:`verdict_sentence`,
-  :func:`summary_table`): step times by the tie rule of :mod:`helpers.verdicts`, each float8
-  run's validation loss read as "do two numerics learn the same?" - against the bf16 baseline's
-  other seeds (``verdicts.yardstick(noise, "numerics")``), with the 2% target's verdict
+- torchao's auto filter read against the sweep (:func:`filter_table`); what a forward keeps for
+  backward (:func:`saved_for_backward`) and one training step's memory attributed part by part
+  so that the parts add up to its measured peak (:func:`step_memory`, :func:`memory_table`);
+- the end-to-end table and the verdict table, computed from the run's tables
+  (:func:`end_to_end_table`, :func:`verdict_rows`): step times by the tie rule of
+  :mod:`helpers.verdicts` (``verdicts.label``'s words), each float8 run's validation loss read
+  as "do two numerics learn the same?" - against the bf16 baseline's other seeds
+  (``verdicts.yardstick(noise, "numerics")``), with the 2% target's verdict
   (``verdicts.target_verdict``: within / beyond / undecided).
 
-Longer than 400 lines because notebook 06 measures six things (the formats, the cast error,
-the width sweep, the end-to-end runs, the sweep's prediction of them, and torchao's filter and
-memory), each with its table and reading; they share the torchao checks, the recipes and the
-sweep's table, and the notebook reads them in that order.
+Every function returns numbers and verdict words; the notebook's markdown reads them. Longer
+than 400 lines because notebook 06 measures six things (the formats, the cast error, the width
+sweep, the end-to-end runs, the sweep's prediction of them, and torchao's filter and memory),
+each with its table; they share the torchao checks, the recipes and the sweep's table.
 """
 
 from __future__ import annotations
@@ -238,20 +236,6 @@ def breaking_factor(grown: pd.DataFrame, cast: str, limit: float) -> float | Non
     return float(rows["factor"].min()) if len(rows) else None
 
 
-def breaking_line(grown: pd.DataFrame, cast: str) -> str:
-    """One sentence: from which outlier size ``cast`` rounds the typical token (the median
-    row) worse than its format's unit roundoff, the worst case of one rounding of a normal
-    number."""
-    limit = torch.finfo(getattr(torch, cast.split()[0])).eps / 2
-    factor = breaking_factor(grown, cast, limit)
-    top = float(grown["factor"].max())
-    if factor is None:
-        return (f"{cast}: the typical token's error stays within the format's unit roundoff "
-                f"({limit:.3g}) up to an outlier token x{top:,.0f}")
-    return (f"{cast}: the typical token's error exceeds the format's unit roundoff "
-            f"({limit:.3g}) from an outlier token x{factor:,.0f} on")
-
-
 # A product through FP8 must round at least this many times as coarsely as the same product
 # with bf16 operands: FP8's unit roundoff is 16 (e4m3) or 32 (e5m2) times bf16's, so an error
 # within a few percent of bf16's says the product did not go through FP8.
@@ -450,68 +434,6 @@ def crossover(sweep: pd.DataFrame, recipe: str) -> int | None:
     return found
 
 
-def crossover_line(sweep: pd.DataFrame, recipe: str) -> str:
-    """One sentence: from which width float8 ``recipe`` beats bf16 on this run's sweep."""
-    square = sweep[(sweep["kind"] == "square") & (sweep["recipe"] == recipe)]
-    ratio = dict(zip(square["in_features"].astype(int), square["ratio_vs_bf16"], strict=True))
-    faster = faster_widths(sweep, recipe)
-    if not ratio:
-        return f"float8 {recipe}: no square width was measured."
-    low, high, width = min(faster), max(faster), crossover(sweep, recipe)
-    at = ", ".join(f"{w}: {ratio[w]:.2f}x" for w in sorted(ratio) if w in ratio)
-    if width is None:
-        some = [w for w, f in faster.items() if f]
-        also = f" (faster only at {', '.join(map(str, some))})" if some else ""
-        return (f"float8 {recipe} is not measurably faster than bf16 (tie rule) from any width "
-                f"up, of those measured from {low} to {high}{also}; ratio to bf16 {at}.")
-    if width == low:
-        return (f"float8 {recipe} is faster than bf16 at every width measured, {low} to "
-                f"{high}; ratio to bf16 {at}.")
-    return (f"float8 {recipe} is faster than bf16 from width {width} up, not below; ratio to "
-            f"bf16 {at}.")
-
-
-def sweep_reading(sweep: pd.DataFrame, recipe: str) -> str:
-    """One sentence from the sweep's square rows: at the narrowest and the widest width, the
-    recipe's GPU time against bf16's, its kernels per call (where counted), the MB its casts
-    move (counted) and its TFLOP/s (the launch-bound rows: :func:`launch_bound_line`)."""
-    square = sweep[sweep["kind"] == "square"].set_index(["in_features", "recipe"])
-    widths = sorted({w for w, r in square.index if r == recipe and (w, "bf16") in square.index})
-    if not widths:
-        return f"float8 {recipe}: no square width was measured beside bf16."
-    parts = []
-    for w in dict.fromkeys((widths[0], widths[-1])):
-        row, base = square.loc[(w, recipe)], square.loc[(w, "bf16")]
-        kern = ("" if "kernels" not in square or pd.isna(row.get("kernels"))
-                or pd.isna(base.get("kernels")) else
-                f", {row['kernels']:.0f} kernels per call against {base['kernels']:.0f}")
-        parts.append(f"at width {w} {row['median_ms']:.3g} ms of GPU time against bf16's "
-                     f"{base['median_ms']:.3g} ({row['tflops']:.3g} against "
-                     f"{base['tflops']:.3g} TFLOP/s){kern}, {row['cast_mb']:.3g} MB cast")
-    return f"float8 {recipe}: " + "; ".join(parts) + "."
-
-
-def launch_bound_line(sweep: pd.DataFrame, device_type: str = "cuda") -> str:
-    """One sentence: how many of the sweep's rows are launch-bound (the host's issue time
-    beyond the GPU time by the tie rule) and up to which GPU time, or that none is (on the CPU,
-    by definition: the host runs the call itself)."""
-    if "launch_bound" not in sweep or sweep.empty:
-        return "Launch-bound rows: not measured."
-    if device_type != "cuda":
-        return ("Launch-bound rows: none by definition - on the CPU the host runs each call "
-                "itself, so issuing it is running it.")
-    bound = sweep[sweep["launch_bound"].astype(bool)]
-    if bound.empty:
-        return (f"Launch-bound rows: none of {len(sweep)} (the host issued every call in less "
-                "than its GPU time).")
-    free = sweep[~sweep["launch_bound"].astype(bool)]
-    above = (f"; every row of more GPU time ({len(free)}) was issued faster than it ran"
-             if len(free) and free["median_ms"].min() > bound["median_ms"].max() else
-             f"; {len(free)} others were issued faster than they ran" if len(free) else "")
-    return (f"Launch-bound rows (issued slower than they ran, by the tie rule): {len(bound)} of "
-            f"{len(sweep)}, GPU times up to {bound['median_ms'].max():.3g} ms{above}.")
-
-
 def linear_shapes(model: nn.Module, module_filter_fn: Callable[[nn.Module, str], bool]
                   | None = None) -> dict[tuple[int, int], int]:
     """(in_features, out_features) -> how many of the model's Linears have that shape, of those
@@ -565,7 +487,7 @@ def reconcile_row(model: str, recipe: str, e2e: pd.DataFrame, predicted: dict,
     ran = e2e[e2e["status"] == "ran"].set_index("recipe") if len(e2e) else e2e
     row = {"model": model, "recipe": recipe, **predicted}
     if baseline not in getattr(ran, "index", []) or recipe not in ran.index:
-        return {**row, "reading": "not measured (a run did not run)"}
+        return {**row, "reading": "not measured"}
     a, b = ran.loc[recipe], ran.loc[baseline]
     low, high = a["step_ms_q1"] - b["step_ms_q3"], a["step_ms_q3"] - b["step_ms_q1"]
     delta = a["step_ms"] - b["step_ms"]
@@ -576,27 +498,12 @@ def reconcile_row(model: str, recipe: str, e2e: pd.DataFrame, predicted: dict,
                predicted_speedup=b["step_ms"] / (b["step_ms"] + pred),
                published_speedup=PUBLISHED.get(recipe, math.nan))
     if not math.isfinite(pred):
-        reading = f"no prediction: the sweep did not time {predicted['missing']}"
+        reading = "no prediction"  # the sweep did not time ``missing``
     elif predicted["predicted_low_ms"] <= high and low <= predicted["predicted_high_ms"]:
-        reading = "prediction and measurement overlap"
+        reading = "overlap"
     else:
-        reading = (f"the sweep's prediction lies {abs(pred - delta):.3g} ms per step "
-                   + ("above" if pred > delta else "below") + " the measured change")
-    return {**row, "reading": reading}
-
-
-def reconcile_line(row: dict | pd.Series) -> str:
-    """One sentence of a :func:`reconcile_row`: predicted against measured change per step."""
-    if "measured_delta_ms" not in row or pd.isna(row.get("measured_delta_ms")):
-        return f"{row['model']}, float8 {row['recipe']}: {row['reading']}."
-    pred = (f"predicted {row['predicted_delta_ms']:+.3g} ms per step from the sweep "
-            f"({row['predicted_low_ms']:+.3g} to {row['predicted_high_ms']:+.3g}; a predicted "
-            f"{row['predicted_speedup']:.2f}x)" if math.isfinite(row["predicted_delta_ms"])
-            else "no prediction")
-    return (f"{row['model']}, float8 {row['recipe']}: {pred}, measured "
-            f"{row['measured_delta_ms']:+.3g} ms ({row['measured_low_ms']:+.3g} to "
-            f"{row['measured_high_ms']:+.3g}; {row['measured_speedup']:.2f}x) - "
-            f"{row['reading']}.")
+        reading = "predicted above" if pred > delta else "predicted below"
+    return {**row, "prediction_gap_ms": pred - delta, "reading": reading}
 
 
 # ------------------------------------------------------------------ torchao's auto filter
@@ -629,29 +536,6 @@ def filter_table(models: dict[str, nn.Module], filters: dict[str, Callable[[nn.M
                              "sweep_ratio_vs_bf16": ratio, "sweep_faster": faster,
                              "agrees": None if faster is None else converts == faster})
     return pd.DataFrame(rows)
-
-
-def filter_reading(table: pd.DataFrame, predicted: dict[tuple[str, str], dict] | None = None
-                   ) -> list[str]:
-    """One line per model and recipe: which Linears the filter converts, at how many of the
-    swept shapes its choice agrees with the sweep's tie-rule reading, and (``predicted``: a
-    :func:`predict_step` per (model, recipe) for the Linears it converts) the change in step
-    time the sweep predicts for that choice."""
-    lines = []
-    for (model, recipe), part in table.groupby(["model", "recipe"], sort=False):
-        kept = [f"{r.linear} ({r.count})" for r in part.itertuples() if r.auto_filter_converts]
-        read = part[part["agrees"].notna()]
-        agree = (f"; it agrees with the sweep at {int(read['agrees'].astype(bool).sum())} of "
-                 f"{len(read)} swept shapes" if len(read) else "; none of its shapes was swept")
-        guess = (predicted or {}).get((model, recipe))
-        if guess is not None:
-            agree += (f"; the sweep did not time {guess['missing']}, so no predicted step"
-                      if guess["missing"] else
-                      f"; predicted {guess['predicted_delta_ms']:+.3g} ms per step from the "
-                      "sweep for its choice")
-        lines.append(f"{model}, {recipe}: the auto filter converts "
-                     + (", ".join(kept) if kept else "no Linear") + agree)
-    return lines
 
 
 # ------------------------------------------------------------------ what is saved for backward
@@ -857,58 +741,3 @@ def verdict_rows(model: str, e2e: pd.DataFrame, *, baseline: str = "bf16") -> li
                      "faster": faster, "speeds_up": bool(faster and row["target"] == "within")})
     return rows
 
-
-def verdict_sentence(table: pd.DataFrame, model: str, where: str) -> str:
-    """One sentence for ``model`` from a table of :func:`verdict_rows`: which recipes speed up
-    its training on this run (faster by the tie rule, the target verdict 'within'), which are
-    faster with the target undecided, or none."""
-    part = table[table["model"] == model] if len(table) else table
-    if part.empty:
-        return f"{model}: not compared on this run."
-    target = f"{VAL_LOSS_TOLERANCE:.0%}"
-    helps = part[part["speeds_up"].astype(bool)]
-    if len(helps):
-        said = ", ".join(f"{r.recipe} {r.step_label}" for r in helps.itertuples())
-        return (f"{model} ({where}): float8 speeds up its training on this run ({said}), the "
-                f"validation loss within the course's {target} target against its yardstick.")
-    open_ = part[part["faster"].astype(bool) & (part["target"] == "undecided")]
-    if len(open_):
-        said = ", ".join(f"{r.recipe} {r.step_label}" for r in open_.itertuples())
-        return (f"{model} ({where}): float8 is faster on this run ({said}), but whether its "
-                f"loss holds the {target} target is undecided against the other seeds' spread.")
-    return (f"{model} ({where}): float8 does not speed up its training on this run - no recipe "
-            f"was measurably faster than bf16 with its loss within the {target} target.")
-
-
-def summary_table(grown: pd.DataFrame, correctness: pd.DataFrame, sweep: pd.DataFrame,
-                  verdict: pd.DataFrame, reconciled: pd.DataFrame,
-                  device_type: str = "cuda") -> pd.DataFrame:
-    """The notebook's summary, one row per finding (``topic``, ``on this run``), each computed
-    from one of the run's tables: the outlier sweep, the correctness table, the width sweep,
-    the verdict table (:func:`verdict_rows`) and the sweep against the step."""
-    rows = [("rounding", breaking_line(grown, cast)) for cast in dict.fromkeys(grown["cast"])
-            if cast.startswith("float8")]
-    if len(correctness):
-        worst = correctness.groupby("recipe")["rel_err"].max()
-        rows.append(("correctness", "largest relative error against float64 "
-                     + ", ".join(f"{r} {v:.3g}" for r, v in worst.items())
-                     + (" - every tolerance held" if correctness["ok"].all() else
-                        " - a tolerance was EXCEEDED")))
-    if sweep.empty:
-        rows.append(("width sweep", "not measured here"))
-    else:
-        rows += [(f"width sweep, {r}", crossover_line(sweep, r))
-                 for r in dict.fromkeys(sweep["recipe"]) if r != "bf16"]
-        rows.append(("launch-bound", launch_bound_line(sweep, device_type)))
-    for r in (verdict.itertuples() if len(verdict) else ()):
-        loss = ("" if pd.isna(getattr(r, "val_loss_diff_pct", math.nan)) else
-                f"; loss {r.val_loss_diff_pct:+.3f}%, {r.loss_verdict} against {r.yardstick} "
-                f"({r.yardstick_pct:.3f}%), target {r.target}")
-        rows.append((f"{r.model}, {r.recipe}", f"step time {r.step_label}{loss}; "
-                     + ("speeds up training" if r.speeds_up else
-                        "faster; the target is undecided on this run"
-                        if r.faster and r.target == "undecided"
-                        else "does not speed up training")))
-    for r in (reconciled.to_dict("records") if len(reconciled) else ()):
-        rows.append((f"{r['model']}, {r['recipe']}: sweep vs step", r["reading"]))
-    return pd.DataFrame(rows, columns=["topic", "on this run"])
