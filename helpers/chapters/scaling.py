@@ -238,7 +238,7 @@ def within(row: dict, tolerance: dict[str, float] | None = None) -> bool:
 # The baseline trained again in the same launch: "plain (repeat k)" with the same seed (what
 # differs between them is the machine's own run-to-run noise: a GPU's reductions do not repeat
 # their order), "plain (seed s)" with another seed (other initial weights and batches: for
-# scale). The script trains each as the wrapper its name starts with, with the plan's "seeds".
+# scale). The notebook makes each a record of the plan: the wrapper its name starts with.
 def wrapper_of(variant: str) -> str:
     """The wrapper a variant trains with: 'plain (repeat 1)' and 'plain (seed 1)' -> 'plain'."""
     return variant.split(" (", 1)[0]
