@@ -6,6 +6,7 @@ and communication formulas against hand-computed values; the Apex map."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -54,8 +55,8 @@ PROBES = {"fsdp2 (repeat 1)": 0}
 EXTRA = [*PROBES, "fsdp2+noreshard", "ddp+view", "plain+ac", "fsdp2+mp",
          "fsdp2+compile"]  # (ddp+compile: on the GPU)
 # The checkpoint fault: the fresh model is never loaded (it keeps its own initial weights).
-LOAD = "    dcp.load(state, checkpoint_id=path)\n"
-NO_LOAD = "    pass  # the checkpoint is never read\n"
+LOAD = "from helpers.chapters import scaling\n"
+NO_LOAD = (LOAD + "scaling.load_checkpoint = lambda model, optimizer, path: None  # never read\n")
 
 
 def notebook_script() -> str:
@@ -77,7 +78,16 @@ def check_plan(corpus: Path, **changes) -> dict:
                 allreduce_mib=0, save_params=True, checkpoint_at=0, resume="fsdp2",
                 compile_backend="aot_eager", rounds=0, round_steps=2)
     plan.update(changes)
+    plan["variants"] = notebook_records(plan["variants"], plan.pop("seeds"), plan["seed"])
     return plan
+
+
+def notebook_records(names: list[str], seeds: dict[str, int], seed: int) -> list[dict]:
+    """The plan's variant records, made by the notebook's own VARIANTS cell."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    space = {"dataclasses": dataclasses, "scaling": scaling, "seed": seed}
+    exec(_cell(nb, "VARIANTS = {"), space)
+    return space["records"](names, seeds)
 
 
 @pytest.fixture(scope="module")
@@ -389,17 +399,15 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
     script = notebook_script()
     for piece in ("init_process_group(", "timeout=datetime.timedelta(", "DDP(model",
                   "fully_shard(block, mesh=mesh, mp_policy=mp,",
-                  'reshard_after_forward=option != "noreshard"',
+                  "reshard_after_forward=v.reshard", "gradient_as_bucket_view=v.bucket_view",
                   "fully_shard(model, mesh=mesh, mp_policy=mp)",
                   'torch.device("meta")', "model.to_empty(device=device)",
-                  "model.reset_parameters()", "dcp.save(state, checkpoint_id=",
-                  "dcp.load(state, checkpoint_id=", "get_model_state_dict(model)",
-                  "get_optimizer_state_dict(model, optimizer)", "set_model_state_dict(",
-                  "set_optimizer_state_dict(", "StateDictOptions(", "use_reentrant=False",
-                  "MixedPrecisionPolicy(param_dtype=", "gradient_as_bucket_view=",
-                  "torch.compile(block", "scaling.settled(rounds)", "torch._dynamo.reset()",
-                  "scaling.dynamo_counts()", 'run.extra["dynamo"] = scaling.counts_since(',
-                  'mark(f"step {i}: after forward", model)', '"_has_rebuilt_buckets"',
+                  "model.reset_parameters()", "scaling.save_checkpoint(model, optimizer, ckpt)",
+                  "scaling.resume(", "scaling.Checkpointed(block)",
+                  "MixedPrecisionPolicy(param_dtype=", "scaling.Variant(**record)",
+                  "torch.compile(block", "scaling.timing_rounds(", "scaling.fresh_dynamo()",
+                  'run.extra["dynamo"] = scaling.counts_since(',
+                  'marks.take(f"step {i}: after forward", model)',
                   "reduce_dtype=torch.float32",
                   "init_device_mesh(device.type", "model.no_sync()",
                   "set_requires_gradient_sync(", "AdamW(recipe.param_groups(model), fused=True",
@@ -409,6 +417,14 @@ def test_the_script_cell_holds_what_the_chapter_teaches():
                   "dist.all_reduce(losses)", "if rank == 0:",
                   "run_profile.cap_gpu_memory(local_rank)"):
         assert piece in script, piece
+    assert ".partition(" not in script, "variants are records in the plan, not parsed names"
+    instruments = inspect.getsource(scaling)  # what the script calls, in the chapter module
+    for piece in ("dcp.save(state, checkpoint_id=", "dcp.load(state, checkpoint_id=",
+                  "get_model_state_dict(model)", "get_optimizer_state_dict(model, optimizer)",
+                  "set_model_state_dict(", "set_optimizer_state_dict(", "StateDictOptions(",
+                  "use_reentrant=False", "if settled(times):", "torch._dynamo.reset()",
+                  '"_has_rebuilt_buckets"', 'torch.compiler.set_stance("force_eager")'):
+        assert piece in instruments, piece
     for copy in ("def lr_at", "def param_groups", "math.cos", "weight_decay=0.1", "betas="):
         assert copy not in script, f"the script has its own copy of the recipe: {copy}"
 

@@ -238,7 +238,7 @@ def within(row: dict, tolerance: dict[str, float] | None = None) -> bool:
 # The baseline trained again in the same launch: "plain (repeat k)" with the same seed (what
 # differs between them is the machine's own run-to-run noise: a GPU's reductions do not repeat
 # their order), "plain (seed s)" with another seed (other initial weights and batches: for
-# scale). The script trains each as the wrapper its name starts with, with the plan's "seeds".
+# scale). The notebook makes each a record of the plan: the wrapper its name starts with.
 def wrapper_of(variant: str) -> str:
     """The wrapper a variant trains with: 'plain (repeat 1)' and 'plain (seed 1)' -> 'plain'."""
     return variant.split(" (", 1)[0]
@@ -900,3 +900,143 @@ def ddp_memory_sentence(table: pd.DataFrame, buckets_gib: float, tol_gib: float 
             + (", the first stage after DDP rebuilt its buckets," if rebuilt else "")
             + f" {more:.2f} GiB more stayed allocated, {where}; with "
             f"gradient_as_bucket_view=True {view:+.2f} GiB against plain there")
+
+
+# ------------------------------------------------------------------ the script's instruments
+# What notebook 07's training script calls around what it teaches: the variant records of its
+# plan, memory marks, activation checkpointing's wrapper, the held-out loss, the checkpoint
+# resume, Dynamo's counts and the interleaved timing rounds.
+@dataclass(frozen=True)
+class Variant:
+    """One variant of the launch plan: what the script changes from plain training."""
+
+    name: str  # the run's name in the results ("fsdp2+mp", "plain (repeat 1)")
+    wrapper: str  # "plain" (one process only), "ddp" or "fsdp2"
+    seed: int = 0  # initial weights and batches
+    compile: bool = False  # torch.compile each block before it is wrapped
+    ac: bool = False  # activation checkpointing on each block (:class:`Checkpointed`)
+    bucket_view: bool = False  # DDP: gradient_as_bucket_view=True (no second copy of grads)
+    mp: bool = False  # FSDP2: MixedPrecisionPolicy (bf16 gathers and compute, fp32 reduce)
+    reshard: bool = True  # FSDP2: reshard_after_forward for the blocks
+
+
+class Checkpointed(torch.nn.Module):
+    """A block that keeps only its input for backward and recomputes the rest there."""
+
+    def __init__(self, block: torch.nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The block under ``torch.utils.checkpoint`` (non-reentrant)."""
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.block, x, use_reentrant=False)  # activation checkpointing
+
+
+class MemoryMarks:
+    """Memory at named stages of one variant, on a GPU (``taken``: name -> [bytes allocated
+    now, at the peak so far, of the storage the .grad tensors live in (each storage once: with
+    gradient_as_bucket_view that is DDP's buckets), whether DDP has rebuilt its buckets]); on a
+    CPU nothing is recorded."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.taken: dict[str, list] = {}
+
+    def take(self, name: str, model: torch.nn.Module) -> None:
+        """Record stage ``name`` (FSDP2's sharded grads are not counted)."""
+        from torch.distributed.tensor import DTensor
+
+        grads = {g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+                 for g in (p.grad for p in model.parameters())
+                 if g is not None and not isinstance(g, DTensor)}
+        if self.device.type == "cuda":
+            self.taken[name] = [torch.cuda.memory_allocated(self.device),
+                                torch.cuda.max_memory_allocated(self.device),
+                                sum(grads.values()),
+                                bool(getattr(model, "_has_rebuilt_buckets", False))]
+
+
+def fresh_dynamo() -> dict[str, int]:
+    """Dynamo forgets what an earlier compiled variant built; returns its counts from here."""
+    torch._dynamo.reset()
+    return dynamo_counts()
+
+
+def val_loss(model: torch.nn.Module, val_batches: gpt.BatchPlan, micro: int,
+             amp: torch.dtype | None, device: torch.device) -> float:
+    """The mean held-out loss, in chunks of ``micro`` sequences (equal: the mean of the means),
+    eager even where blocks are compiled (no second compile); every rank the same batches."""
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp, enabled=amp is not None), \
+            torch.compiler.set_stance("force_eager"):
+        losses = torch.stack([model(xj, yj) for j in range(val_batches.steps)
+                              for xj, yj in zip(*(t.split(micro) for t in val_batches.batch(j)),
+                                                strict=True)])
+    return float(losses.mean())
+
+
+def save_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    path: Path | str) -> None:
+    """Every rank writes its own shards of the model and of AdamW's state (DCP)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state = {"model": get_model_state_dict(model),
+             "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=path)
+
+
+def load_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    path: Path | str) -> None:
+    """Read each rank's shards into a model built the same way (DCP loads in place)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    state = {"model": get_model_state_dict(model),
+             "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def resume(build, step, path: Path | str, at: int, steps: int) -> dict:
+    """A fresh model from ``build()`` loads the checkpoint at ``path`` and trains steps ``at``
+    to ``steps - 1`` with ``step(i, model, optimizer)``; returns the steps' losses (mean over
+    the ranks) and the final weights' checksums. Rank 0 removes the checkpoint afterwards."""
+    model, optimizer = build()
+    load_checkpoint(model, optimizer, path)
+    losses = torch.stack([step(i, model, optimizer) for i in range(at, steps)])
+    dist.all_reduce(losses)  # the same steps the first model took after `at`
+    record = {"from_step": at, "losses": (losses / dist.get_world_size()).tolist(),
+              "checksums": checksums(full_params(model))}
+    dist.barrier()  # every rank has read its shards: clean up
+    if dist.get_rank() == 0:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+    return record
+
+
+def timing_rounds(steps: dict, rounds: int, round_steps: int,
+                  device: torch.device) -> dict[str, list[float]]:
+    """Each step function (name -> ``step(i)``) timed in turn, round after round, until their
+    cost over the first settles (:func:`settled`) or ``rounds`` have run: name -> the median
+    step time of each round, in ms."""
+    times = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            timed = bench.train(step, round_steps, device=device, warmup=1, label=name)
+            times[name].append(timed.timing.median_ms)
+        if settled(times):
+            break
+    return times
