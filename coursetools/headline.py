@@ -71,11 +71,22 @@ def _optimizer(results: Path) -> list[dict | None]:
     return [row]
 
 
+def _winner(family: str, label: str) -> str:
+    """A ranking's winner and label (03_rankings) as the headline's reading."""
+    if not str(label).startswith("faster"):
+        return verdicts.TIE_WORD if label == "tie" else str(label)
+    return "Apex faster" if family == "apex" else "native faster"
+
+
 def _norms(results: Path) -> list[dict | None]:
-    """03: forward+backward of each norm, in bf16 and fp32 in / bf16 out, against eager torch."""
+    """03: forward+backward of each norm at the widest size, in bf16 and fp32 in / bf16 out,
+    Apex against eager torch twice: by GPU time alone (the tie rule on the repeats) and per
+    call with the host included, what an eager training step pays (the interleaved rounds'
+    ranking of the eager candidates)."""
     df = _read(results, "03_norm_timings")
     if df is None:
         return []
+    ranks, calls = _read(results, "03_rankings"), _read(results, "03_call_rounds")
     rows = []
     widest = df.loc[df["hidden"] == df["hidden"].max()]
     for (norm, dtype), part in widest[widest["pass"] == "forward+backward"].groupby(
@@ -85,25 +96,46 @@ def _norms(results: Path) -> list[dict | None]:
         names = list(part["candidate"])
         apex = next((n for n in names if n.startswith("apex ")), None)
         native = next((n for n in names if n.startswith("torch ")), None)
-        if apex and native:
-            tokens, hidden = int(part["tokens"].iloc[0]), int(part["hidden"].iloc[0])
-            rows.append(_timing_pair(part, "candidate", f"{norm} {dtype}", "03",
-                                     f"fwd+bwd, {tokens} x {hidden} (ms)",
-                                     apex, native))
+        if not (apex and native):
+            continue
+        rows.append(_timing_pair(part, "candidate", f"{norm} {dtype}", "03",
+                                 "fwd+bwd, GPU time (ms)", apex, native))
+        if ranks is None or calls is None:
+            continue
+        rank = ranks[(ranks["norm"] == norm) & (ranks["dtype"] == dtype)
+                     & (ranks["pass"] == "forward+backward")]
+        call = calls[(calls["norm"] == norm) & (calls["dtype"] == dtype)
+                     & (calls["pass"] == "forward+backward")].set_index("candidate")
+        if rank.empty or not {apex, native} <= set(call.index):
+            continue
+        r = rank.iloc[0]
+        rows.append(_row(f"{norm} {dtype}", "03", "fwd+bwd, per call (ms)", apex,
+                         float(call.loc[apex, "median_ms"]), native,
+                         float(call.loc[native, "median_ms"]),
+                         _winner(str(r.eager_call_fastest), str(r.eager_call_verdict))))
     return rows
 
 
 def _amp(results: Path) -> list[dict | None]:
-    """04: the legacy apex.amp opt levels against the torch.amp code that replaces each."""
+    """04: the legacy apex.amp opt levels against the torch.amp code that replaces each, read
+    from the interleaved rounds (04_speed_pairs: the verdict of ``candidate`` against ``vs``)."""
     df = _read(results, "04_speed_pairs")
     if df is None:
         return []
+    df = df.rename(columns={"run": "candidate", "run_ms": "candidate_ms"})  # earlier runs' names
     rows = []
-    for r in df[df["vs"].astype(str).str.startswith("apex.amp")].itertuples():
-        word = {"faster": "native faster", "slower": "Apex faster"}.get(r.verdict, r.verdict)
-        rows.append(_row(f"mixed precision {r.vs.removeprefix('apex.amp ')}", "04",
-                         "one step (ms)", r.vs, float(r.vs_ms), r.run, float(r.run_ms),
-                         word))
+    for r in df.itertuples():
+        a, b = str(r.candidate), str(r.vs)
+        if a.startswith("apex.amp") and b.startswith("torch.amp"):
+            apex, native, apex_ms, native_ms = a, b, r.candidate_ms, r.vs_ms
+            word = {"faster": "Apex faster", "slower": "native faster"}.get(r.verdict, r.verdict)
+        elif b.startswith("apex.amp") and a.startswith("torch.amp"):
+            apex, native, apex_ms, native_ms = b, a, r.vs_ms, r.candidate_ms
+            word = {"faster": "native faster", "slower": "Apex faster"}.get(r.verdict, r.verdict)
+        else:
+            continue
+        rows.append(_row(f"mixed precision {apex.removeprefix('apex.amp ')}", "04",
+                         "one step (ms)", apex, float(apex_ms), native, float(native_ms), word))
     return rows
 
 
@@ -124,8 +156,11 @@ def _end_to_end(results: Path) -> list[dict | None]:
     memory = float(a.peak_mem_gib) / float(n.peak_mem_gib) - 1.0
     word = "cannot tell apart" if abs(memory) < verdicts.TIE_FRACTION else (
         "Apex uses less" if memory < 0 else "native uses less")
+    best = next((p for p in df["label"] if "compile" in str(p)), None)  # the native best
     return [_timing_pair(timed, "label", "GPT training", "05", "one step (ms)",
                          apex, native),
+            best and _timing_pair(timed, "label", "GPT training", "05", "one step (ms)",
+                                  apex, best),
             _row("GPT training", "05", "peak GPU memory (GiB)", apex,
                  float(a.peak_mem_gib), native, float(n.peak_mem_gib), word)]
 
