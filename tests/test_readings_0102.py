@@ -212,23 +212,26 @@ def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
     table = chapter.step_table(timings, 1_000_000, copy_gbps)
     step_rounds = bench.round_medians(timings)
     correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
-    tables = {"step": table, "step_rounds": step_rounds,
+    launches = pd.DataFrame({"candidate": list(step), "tensors": 48,
+                             "per_step": [96.0 * (k + 1) for k in range(len(step))]})
+    tables = {"step": table, "step_rounds": step_rounds, "kernels": launches,
               "sweep_ends": chapter.sweep_table(pd.DataFrame(sweep_rows)),
               "correctness": correct,
               "verdicts": verdicts.rounds_table(step_rounds, [("fused", "foreach")])}
     return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
-            "env": {"gpu_name": ""}, "profile": types.SimpleNamespace(name="smoke"),
-            "numel": 1_000_000, "params": [0] * 48, "step_bytes": 28e6, "floor_ms": 0.01,
-            "optimizers": dict.fromkeys(step), "atol": 1e-6, "check_steps": 5,
-            "total": 2**16, "counts": [4, 256], "pd": pd, "display": SHOWN.append,
+            "optimizers": dict.fromkeys(step), "pd": pd, "display": SHOWN.append,
+            "results": types.SimpleNamespace(save_table=save), "env": {},
             "table": table, "step_rounds": step_rounds}
 
 
-def summary_02(space: dict) -> pd.Series:
-    """Run 02's summary cell: it prints nothing and displays one table, item -> this run."""
-    assert run([cell("02_fused_adam_vs_adamw.ipynb", 'step_times, sweep = tables["step"]')],
-               space) == ""
-    return SHOWN[-1]["this run"]
+def summary_02(space: dict) -> pd.DataFrame:
+    """Run 02's summary cell: it prints nothing, saves its table and shows it (the cell's last
+    expression); returned indexed by candidate."""
+    source = cell("02_fused_adam_vs_adamw.ipynb", 'step_times = tables["step"]')
+    assert run([source], space) == ""
+    saved = SAVED["02_summary"].set_index("candidate")
+    pd.testing.assert_frame_equal(saved, space["summary"])
+    return saved
 
 
 def sweep_row(name, tensors, median, spread):
@@ -246,11 +249,14 @@ def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
     assert ceilings.above_ceiling(dict(zip(table["candidate"], table["pct_of_copy_ceiling"],
                                            strict=True)), "copy ceiling", "cpu")
     summary = summary_02(space)
-    assert summary["fastest"] == f"fused, 1.01 ms per step, {ceilings.NOT_SHOWN}"
-    text = " ".join(summary)
-    assert not re.search(r"\d{4,}%", text), text  # the shares are above 1e6 %
-    sweep_text = summary["0.07 M parameters in 256 tensors, against 4"]
-    assert sweep_text == "fused tie, foreach slower 0.08x" and "9600" not in text
+    assert summary.loc["fused", ["label", "vs"]].tolist() == ["fastest", "-"]
+    assert summary.loc["fused", "step_ms"] == 1.01
+    assert summary["pct_of_copy_ceiling"].isna().all()  # the shares are above 1e6 %
+    assert summary.loc["foreach", ["label", "vs"]].tolist() == ["slower 0.50x", "fused"]
+    assert summary["sweep_label"].tolist()[:2] == ["tie", "slower 0.08x"]  # a cold first run
+    assert summary["launches_per_step"].tolist()[:2] == [96.0, 192.0]
+    assert "apex FusedAdam" not in space["optimizers"]
+    assert summary.loc["apex FusedAdam", "label"] == "not measured"
 
 
 def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():
@@ -259,9 +265,9 @@ def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():
     sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
     space = space_02(step, sweep, copy_gbps=1000.0)
     assert not space["tables"]["step"].set_index("candidate").loc["fused", "stable"]
-    line = summary_02(space)["fastest"]
-    assert line.startswith("none on this run: fused's rounds ranged 100%")
-    assert "ms per step" not in line and "re-run" in line
+    summary = summary_02(space)
+    assert summary.loc[["fused", "foreach"], "label"].tolist() == ["unstable", "unstable"]
+    assert summary.loc["fused", "pct_of_copy_ceiling"] == 2.8  # 28 MB in 1 ms of 1000 GB/s
 
 
 def verdicts_02(space: dict) -> tuple[str, pd.DataFrame]:
@@ -279,6 +285,7 @@ def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastes
     sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
     space = space_02(step, sweep, copy_gbps=1000.0)
     text, table = verdicts_02(space)
+    assert text == ""  # every candidate measured: nothing to say
     pair = table.set_index(["candidate", "vs"])
     assert pair.loc[("apex FusedAdam", "fused"), "label"] == "tie"  # never 'faster 1.01x'
     assert pair.loc[("apex FusedAdam", "foreach"), "label"].startswith("faster ")
@@ -287,6 +294,8 @@ def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastes
     step_table = space["tables"]["step"]
     fastest = step_table.loc[step_table["median_ms"].idxmin(), "candidate"]
     assert fastest == "apex FusedAdam"
-    assert text.startswith(f"Fastest on this run: {fastest} (cannot be told apart from fused")
-    line = summary_02(space)["fastest"]
-    assert line.split(",")[0] == fastest and "cannot be told apart from fused" in line
+    summary = summary_02(space)
+    assert summary.loc[fastest, "label"] == "fastest"
+    assert summary.loc["fused", ["label", "vs"]].tolist() == ["tie", fastest]
+    assert summary.loc["foreach", "label"].startswith("slower ")
+    assert summary["sweep_label"].isna().tolist() == [False, True, True]  # fused swept only
