@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
+import pytest
 import torch
 
 from helpers import bench, ceilings, verdicts
@@ -299,3 +300,36 @@ def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastes
     assert summary.loc["fused", ["label", "vs"]].tolist() == ["tie", fastest]
     assert summary.loc["foreach", "label"].startswith("slower ")
     assert summary["sweep_label"].isna().tolist() == [False, True, True]  # fused swept only
+
+
+# ------------------------------------------------------------------ the smoke runs' saved tables
+LABEL = re.compile(r"(faster|slower) \d+\.\d\dx|tie|unstable|reference|fastest|not measured|-")
+
+
+@pytest.mark.notebook
+@pytest.mark.smoke("01")
+def test_01_smoke_run_saves_its_summary_and_verdicts_as_data(smoke_run):
+    out, _ = smoke_run
+    summary = pd.read_csv(out / "results" / "01_summary.csv", keep_default_na=False)
+    assert list(summary.columns) == ["item", "value", "unit", "label", "vs"]
+    assert all(LABEL.fullmatch(v) or v in ("ceiling", "PYTHON-ONLY") for v in summary["label"])
+    gap = pd.read_csv(out / "results" / "01_ceiling_gap_verdicts.csv", keep_default_na=False)
+    conditions = pd.read_csv(out / "results" / "01_ceiling_gap.csv")["condition"]
+    assert set(gap["condition"]) < set(conditions) and set(gap["vs"]) < set(conditions)
+    assert all(LABEL.fullmatch(v) for v in gap["label"])
+    timing = pd.read_csv(out / "results" / "01_timing_demo.csv", keep_default_na=False)
+    assert timing["label"].tolist()[-1] == "reference"
+
+
+@pytest.mark.notebook
+@pytest.mark.smoke("02")
+def test_02_smoke_run_saves_one_summary_row_per_candidate(smoke_run):
+    out, _ = smoke_run
+    summary = pd.read_csv(out / "results" / "02_summary.csv", keep_default_na=False)
+    step = pd.read_csv(out / "results" / "02_optimizer_step.csv")
+    assert set(step["candidate"]) <= set(summary["candidate"])
+    assert (summary["label"] == "fastest").sum() + (summary["label"] == "unstable").sum() >= 1
+    assert all(LABEL.fullmatch(v) for v in summary["label"])
+    kernels = pd.read_csv(out / "results" / "02_kernel_counts.csv")
+    assert (kernels["per_tensor"] * kernels["tensors"]).round(6).equals(
+        kernels["per_step"].round(6))
