@@ -269,6 +269,8 @@ def test_kernel_counts_fall_with_fusion_on_cpu():
     work = chapter.workload(list(chapter.build_model(hidden=16, blocks=2).parameters()))
     table = chapter.kernel_table(native(), work).set_index("candidate")
     assert table.loc["for-loop", "per_step"] > table.loc["foreach", "per_step"]
+    assert (table["per_tensor"] * table["tensors"] == table["per_step"]).all()
+    assert table.loc["for-loop", "per_tensor"] >= 1  # at least one op per tensor, one at a time
     if "fused" in table.index:
         assert table.loc["fused", "per_step"] < table.loc["foreach", "per_step"]
 

@@ -4,12 +4,14 @@ give 'cannot tell apart on this run', never a ratio."""
 
 import contextlib
 import io
+import math
 import re
 import types
 from pathlib import Path
 
 import nbformat
 import pandas as pd
+import pytest
 import torch
 
 from helpers import bench, ceilings, verdicts
@@ -62,20 +64,21 @@ def space_01(gap_ms: dict, *, ceiling_tflops: float, spread=0.01, device="cuda",
                               "pct_of_ceiling": list(pct.values())})
     return {"n": n, "k": k, "gap": gap, "pct": pct, "runs": runs, "first": labels[0],
             "extra": extra, "earlier": [label for label in extra if label.startswith("section 5")],
-            "gap_table": gap_table, "pd": pd, "display": SHOWN.append,
+            "gap_table": gap_table, "pd": pd, "display": SHOWN.append, "math": math,
             "last": labels[1], "ceiling_tflops": ceiling_tflops, "ceiling_key": "bf16",
             "ceiling": {"matmul_n": n, "matmul_tflops": {"bf16": ceiling_tflops},
                         "device": "GPU", "copy_gbps": 3000.0},
+            "results": types.SimpleNamespace(save_table=save), "env": {},
             "device": torch.device(device), "ceilings": ceilings, "verdicts": verdicts}
 
 
 SHOWN: list = []  # what the cells display()
+SAVED: dict = {}  # name -> the table the cells saved
 
 
-def versus() -> dict:
-    """The last table 01's section 6 displayed: condition -> its verdict against its reference."""
-    shown = SHOWN[-1]
-    return dict(zip(shown["condition"], shown["vs_reference"], strict=True))
+def save(df: pd.DataFrame, name: str, **_) -> None:
+    """results.save_table for the planted runs: keeps the table in SAVED."""
+    SAVED[name] = df
 
 
 GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101,
@@ -84,9 +87,13 @@ GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101
 
 
 def table_01(space: dict) -> pd.DataFrame:
-    """Run 01's section 6 verdict cell: it prints nothing and displays one table."""
-    assert run([cell("01_environment_and_apex_build.ipynb", "flagged = any(")], space) == ""
-    return SHOWN[-1]
+    """Run 01's section 6 verdict and display cells: they print nothing and display one table
+    (condition, ..., vs, label, why, too_noisy), returned indexed by condition."""
+    sources = [cell("01_environment_and_apex_build.ipynb", "flagged = any("),
+               cell("01_environment_and_apex_build.ipynb", "hidden = [")]
+    assert run(sources, space) == ""
+    assert SAVED["01_ceiling_gap_verdicts"] is space["gap_verdicts"]
+    return SHOWN[-1].set_index("condition")
 
 
 def test_01_table_hides_percentages_the_ceiling_check_flagged():
@@ -95,20 +102,21 @@ def test_01_table_hides_percentages_the_ceiling_check_flagged():
     assert all(ceilings.is_above(v) for v in space["pct"].values())
     shown = table_01(space)
     assert "pct_of_ceiling" not in shown  # a share the check rejected is not displayed
-    assert not any("points" in v for v in versus().values())  # nor points of that ceiling
-    assert versus()["L2 flush before each repeat"] == "+20.0% time against back to back"
+    row = shown.loc["L2 flush before each repeat"]
+    assert (row.vs, row.label, row.why) == ("back to back", "slower 0.83x", "")
     assert not shown["too_noisy"].any()
 
 
-def test_01_table_gives_points_when_the_ceiling_holds():
+def test_01_table_reads_each_condition_against_its_reference():
     space = space_01(GAP, ceiling_tflops=250.0)  # 214.7 TFLOP/s back to back: 86%
     shown = table_01(space)
-    assert shown.set_index("condition")["pct_of_ceiling"].round(0).to_dict()[
-        "back to back, repeats 1-5"] == 86
-    assert versus()["back to back, repeats 21-25"] == ("cannot be told apart from back to back, "
-                                                       "repeats 1-5 on this run (within 3%)")
-    assert versus()["L2 flush before each repeat"] == "-14.3 points against back to back"
-    assert versus()["back to back"] == "-"  # the reference itself
+    pct = shown["pct_of_ceiling"]
+    assert round(pct["back to back, repeats 1-5"]) == 86
+    assert round(pct["L2 flush before each repeat"] - pct["back to back"], 1) == -14.3
+    last = shown.loc["back to back, repeats 21-25"]
+    assert (last.vs, last.label, last.why) == ("back to back, repeats 1-5", "tie", "within 3%")
+    assert shown.loc["idle 50 ms before each repeat", "label"] == "slower 0.77x"
+    assert tuple(shown.loc["back to back", ["vs", "label"]]) == ("-", "-")  # the reference
 
 
 def test_01_section_5s_call_is_read_against_the_same_call_in_a_row():
@@ -119,48 +127,80 @@ def test_01_section_5s_call_is_read_against_the_same_call_in_a_row():
     extra = {start: (0.01470, "L2 flush before each repeat"), end: (0.01620, start),
              "section 5, L2 flush (earlier)": (0.01618, end),
              "section 5, no flush (earlier)": (0.01300, "back to back")}
-    space = space_01(gap, ceiling_tflops=250.0, earlier_ms=extra)
-    table_01(space)
-    pct = space["pct"]
-    assert versus()[start].startswith("cannot be told apart from L2 flush before each repeat")
-    assert versus()[end] == f"{pct[end] - pct[start]:+.1f} points against {start}"
-    assert versus()["section 5, L2 flush (earlier)"].startswith(f"cannot be told apart from {end}")
-    assert versus()["section 5, no flush (earlier)"].endswith("points against back to back")
+    shown = table_01(space_01(gap, ceiling_tflops=250.0, earlier_ms=extra))
+    read = shown[["vs", "label"]].apply(tuple, axis=1).to_dict()
+    assert read[start] == ("L2 flush before each repeat", "tie")
+    assert read[end] == (start, "slower 0.91x")
+    assert read["section 5, L2 flush (earlier)"] == (end, "tie")
+    assert read["section 5, no flush (earlier)"] == ("back to back", "slower 0.77x")
 
 
-def summary_01(space: dict) -> pd.Series:
-    """Run 01's summary cell after section 6's: it prints nothing and displays one table."""
+def timing_01(space: dict, naive_ms: float, synced_ms: float, benchmark_ms: float) -> pd.DataFrame:
+    """Run 01's section 5 table cells on planted timings: they display one table, by method."""
+    space.update(naive_ms=naive_ms, synced_ms=synced_ms, helper_ms=benchmark_ms, torch=torch,
+                 timing=timing("bench.benchmark", benchmark_ms), dtype=torch.bfloat16,
+                 matmul_tflop=ceilings.matmul_flops(1024, 1024, 1024) / 1e12)
+    sources = [cell("01_environment_and_apex_build.ipynb", "ceiling_key = "),
+               cell("01_environment_and_apex_build.ipynb", "# each method against bench")]
+    assert run(sources, space) == ""
+    assert SAVED["01_timing_demo"] is space["timing_table"]
+    return SHOWN[-1].set_index("method")
+
+
+def test_01_section_5_reads_the_naive_timer_against_bench_benchmark():
+    # the reference run's figures: a 1.62 ms product timed at 0.015 ms without synchronize
+    shown = timing_01(space_01(GAP, ceiling_tflops=250.0), 0.015, 1.616, 1.618)
+    assert shown["label"].tolist() == ["faster 107.87x", "tie", "tie", "reference"]
+    assert shown["why"].tolist()[1:] == ["within 3%", "within 3%", ""]
+    slow = timing_01(space_01(GAP, ceiling_tflops=250.0), 3.0, 1.0, 1.618)
+    assert slow["label"].tolist()[:2] == ["slower 0.54x", "faster 1.62x"]
+
+
+def summary_01(space: dict) -> pd.DataFrame:
+    """Run 01's summary cell after sections 5 and 6: it saves its table and shows it (the
+    cell's last expression), indexed by item."""
     table_01(space)
-    space.update(env={"gpu_name": "GPU", "torch": "x", "torch_cuda": "x"},
-                 tools={"nvcc_release": "x"}, extension_imports={}, hand_checks={},
-                 apexcheck=types.SimpleNamespace(summary=lambda table: "apex"), table=None,
-                 warning="", naive_ms=0.01, synced_ms=0.01, helper_ms=0.01,
-                 timing=timing("t", 0.01), synced_verdict="x")
-    assert run([cell("01_environment_and_apex_build.ipynb", "rates = ")], space) == ""
-    return SHOWN[-1]["this run"]
+    timing_01(space, 0.015, 1.616, 1.618)
+    space.update(extension_imports={"amp_C": True, "apex_C": False}, hand_checks={},
+                 apexcheck=types.SimpleNamespace(AVAILABLE="available"), warning="",
+                 table=pd.DataFrame({"verdict": ["available", "not installed"]}),
+                 peak_dtype="bf16", peak=space["ceiling_tflops"], ridge=100.0)
+    source = cell("01_environment_and_apex_build.ipynb", "verdict_of = ")
+    assert run([source.replace("summary.round(3)", "")], space) == ""
+    assert SAVED["01_summary"] is space["summary"]
+    return space["summary"].set_index("item")
+
+
+def test_01_summary_counts_and_labels_from_the_run():
+    summary = summary_01(space_01(GAP, ceiling_tflops=250.0))
+    assert tuple(summary.loc["extensions that import", ["value", "unit"]]) == (1, "of 2")
+    assert tuple(summary.loc["features available", ["value", "unit"]]) == (1, "of 2")
+    assert summary.loc["time.time(), no synchronize", "label"] == "faster 107.87x"
+    assert summary.loc["% of ceiling, L2 flush before each repeat", "label"] == "slower 0.83x"
+    assert summary.loc["% of ceiling, back to back", "vs"] == "-"
 
 
 def test_01_summary_says_100_for_a_share_just_above_the_ceiling():
     space = space_01(GAP, ceiling_tflops=213.0)  # 214.7 TFLOP/s back to back: 100.8%
-    shares = summary_01(space)["% of the matmul ceiling"]
-    assert "back to back 100%" in shares and "101%" not in shares
-    assert ceilings.NOT_SHOWN not in shares
+    summary = summary_01(space)
+    assert summary.loc["% of ceiling, back to back", "value"] == 100.0
+    assert summary.loc[summary["unit"] == "%", "value"].max() <= 100.0
 
 
 def test_01_noisy_conditions_are_not_read_as_a_change():
-    space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 60% of their medians
+    space = space_01(GAP, ceiling_tflops=250.0, spread=0.3)  # IQRs 30% of their medians
     shown = table_01(space)
-    readings = list(versus().values())
-    assert not any("points against" in v or "time against" in v for v in readings)
-    assert sum("cannot be told apart" in v for v in readings) == 3
+    labels = shown["label"].tolist()
+    assert not any(v.startswith(("faster", "slower")) for v in labels)
+    assert labels.count("tie") == 3
+    assert shown["why"].str.startswith("a spread of 30%").sum() == 3
     assert shown["too_noisy"].all()
 
 
-def test_01_summary_does_not_print_a_flagged_percentage():
-    space = space_01(GAP, ceiling_tflops=2.0)
-    summary = summary_01(space)
-    assert summary["% of the matmul ceiling"] == ceilings.NOT_SHOWN
-    assert not re.search(r"\d{4,}%", " ".join(summary)), summary
+def test_01_summary_does_not_show_a_flagged_percentage():
+    summary = summary_01(space_01(GAP, ceiling_tflops=2.0))
+    shares = summary.loc[summary["unit"] == "%", "value"]
+    assert len(shares) == 3 and shares.isna().all()
 
 
 # ------------------------------------------------------------------ 02, summary
@@ -173,23 +213,26 @@ def space_02(step: dict, sweep_rows: list, *, copy_gbps: float):
     table = chapter.step_table(timings, 1_000_000, copy_gbps)
     step_rounds = bench.round_medians(timings)
     correct = pd.DataFrame({"candidate": list(step), "max_abs_vs_ref_float64": 1e-7})
-    tables = {"step": table, "step_rounds": step_rounds,
+    launches = pd.DataFrame({"candidate": list(step), "tensors": 48,
+                             "per_step": [96.0 * (k + 1) for k in range(len(step))]})
+    tables = {"step": table, "step_rounds": step_rounds, "kernels": launches,
               "sweep_ends": chapter.sweep_table(pd.DataFrame(sweep_rows)),
               "correctness": correct,
               "verdicts": verdicts.rounds_table(step_rounds, [("fused", "foreach")])}
     return {"tables": tables, "verdicts": verdicts, "chapter": chapter, "ceilings": ceilings,
-            "env": {"gpu_name": ""}, "profile": types.SimpleNamespace(name="smoke"),
-            "numel": 1_000_000, "params": [0] * 48, "step_bytes": 28e6, "floor_ms": 0.01,
-            "optimizers": dict.fromkeys(step), "atol": 1e-6, "check_steps": 5,
-            "total": 2**16, "counts": [4, 256], "pd": pd, "display": SHOWN.append,
+            "optimizers": dict.fromkeys(step), "pd": pd, "display": SHOWN.append,
+            "results": types.SimpleNamespace(save_table=save), "env": {},
             "table": table, "step_rounds": step_rounds}
 
 
-def summary_02(space: dict) -> pd.Series:
-    """Run 02's summary cell: it prints nothing and displays one table, item -> this run."""
-    assert run([cell("02_fused_adam_vs_adamw.ipynb", 'step_times, sweep = tables["step"]')],
-               space) == ""
-    return SHOWN[-1]["this run"]
+def summary_02(space: dict) -> pd.DataFrame:
+    """Run 02's summary cell: it prints nothing, saves its table and shows it (the cell's last
+    expression); returned indexed by candidate."""
+    source = cell("02_fused_adam_vs_adamw.ipynb", 'step_times = tables["step"]')
+    assert run([source], space) == ""
+    saved = SAVED["02_summary"].set_index("candidate")
+    pd.testing.assert_frame_equal(saved, space["summary"])
+    return saved
 
 
 def sweep_row(name, tensors, median, spread):
@@ -207,11 +250,14 @@ def test_02_summary_with_a_planted_ceiling_and_a_cold_first_run():
     assert ceilings.above_ceiling(dict(zip(table["candidate"], table["pct_of_copy_ceiling"],
                                            strict=True)), "copy ceiling", "cpu")
     summary = summary_02(space)
-    assert summary["fastest"] == f"fused, 1.01 ms per step, {ceilings.NOT_SHOWN}"
-    text = " ".join(summary)
-    assert not re.search(r"\d{4,}%", text), text  # the shares are above 1e6 %
-    sweep_text = summary["0.07 M parameters in 256 tensors, against 4"]
-    assert sweep_text == "fused tie, foreach slower 0.08x" and "9600" not in text
+    assert summary.loc["fused", ["label", "vs"]].tolist() == ["fastest", "-"]
+    assert summary.loc["fused", "step_ms"] == 1.01
+    assert summary["pct_of_copy_ceiling"].isna().all()  # the shares are above 1e6 %
+    assert summary.loc["foreach", ["label", "vs"]].tolist() == ["slower 0.50x", "fused"]
+    assert summary["sweep_label"].tolist()[:2] == ["tie", "slower 0.08x"]  # a cold first run
+    assert summary["launches_per_step"].tolist()[:2] == [96.0, 192.0]
+    assert "apex FusedAdam" not in space["optimizers"]
+    assert summary.loc["apex FusedAdam", "label"] == "not measured"
 
 
 def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():
@@ -220,9 +266,9 @@ def test_02_summary_names_no_fastest_when_its_rounds_moved_too_far():
     sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
     space = space_02(step, sweep, copy_gbps=1000.0)
     assert not space["tables"]["step"].set_index("candidate").loc["fused", "stable"]
-    line = summary_02(space)["fastest"]
-    assert line.startswith("none on this run: fused's rounds ranged 100%")
-    assert "ms per step" not in line and "re-run" in line
+    summary = summary_02(space)
+    assert summary.loc[["fused", "foreach"], "label"].tolist() == ["unstable", "unstable"]
+    assert summary.loc["fused", "pct_of_copy_ceiling"] == 2.8  # 28 MB in 1 ms of 1000 GB/s
 
 
 def verdicts_02(space: dict) -> tuple[str, pd.DataFrame]:
@@ -240,6 +286,7 @@ def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastes
     sweep = [sweep_row("fused", 4, 1.0, 0.01), sweep_row("fused", 256, 2.0, 0.01)]
     space = space_02(step, sweep, copy_gbps=1000.0)
     text, table = verdicts_02(space)
+    assert text == ""  # every candidate measured: nothing to say
     pair = table.set_index(["candidate", "vs"])
     assert pair.loc[("apex FusedAdam", "fused"), "label"] == "tie"  # never 'faster 1.01x'
     assert pair.loc[("apex FusedAdam", "foreach"), "label"].startswith("faster ")
@@ -248,6 +295,41 @@ def test_02_overlapping_rounds_are_a_tie_and_the_summary_names_the_tables_fastes
     step_table = space["tables"]["step"]
     fastest = step_table.loc[step_table["median_ms"].idxmin(), "candidate"]
     assert fastest == "apex FusedAdam"
-    assert text.startswith(f"Fastest on this run: {fastest} (cannot be told apart from fused")
-    line = summary_02(space)["fastest"]
-    assert line.split(",")[0] == fastest and "cannot be told apart from fused" in line
+    summary = summary_02(space)
+    assert summary.loc[fastest, "label"] == "fastest"
+    assert summary.loc["fused", ["label", "vs"]].tolist() == ["tie", fastest]
+    assert summary.loc["foreach", "label"].startswith("slower ")
+    assert summary["sweep_label"].isna().tolist() == [False, True, True]  # fused swept only
+
+
+# ------------------------------------------------------------------ the smoke runs' saved tables
+LABEL = re.compile(r"(faster|slower) \d+\.\d\dx|tie|unstable|reference|fastest|not measured|-")
+
+
+@pytest.mark.notebook
+@pytest.mark.smoke("01")
+def test_01_smoke_run_saves_its_summary_and_verdicts_as_data(smoke_run):
+    out, _ = smoke_run
+    summary = pd.read_csv(out / "results" / "01_summary.csv", keep_default_na=False)
+    assert list(summary.columns) == ["item", "value", "unit", "label", "vs"]
+    assert all(LABEL.fullmatch(v) or v in ("ceiling", "PYTHON-ONLY") for v in summary["label"])
+    gap = pd.read_csv(out / "results" / "01_ceiling_gap_verdicts.csv", keep_default_na=False)
+    conditions = pd.read_csv(out / "results" / "01_ceiling_gap.csv")["condition"]
+    assert set(gap["condition"]) < set(conditions) and set(gap["vs"]) < set(conditions)
+    assert all(LABEL.fullmatch(v) for v in gap["label"])
+    timing = pd.read_csv(out / "results" / "01_timing_demo.csv", keep_default_na=False)
+    assert timing["label"].tolist()[-1] == "reference"
+
+
+@pytest.mark.notebook
+@pytest.mark.smoke("02")
+def test_02_smoke_run_saves_one_summary_row_per_candidate(smoke_run):
+    out, _ = smoke_run
+    summary = pd.read_csv(out / "results" / "02_summary.csv", keep_default_na=False)
+    step = pd.read_csv(out / "results" / "02_optimizer_step.csv")
+    assert set(step["candidate"]) <= set(summary["candidate"])
+    assert (summary["label"] == "fastest").sum() + (summary["label"] == "unstable").sum() >= 1
+    assert all(LABEL.fullmatch(v) for v in summary["label"])
+    kernels = pd.read_csv(out / "results" / "02_kernel_counts.csv")
+    assert (kernels["per_tensor"] * kernels["tensors"]).round(6).equals(
+        kernels["per_step"].round(6))

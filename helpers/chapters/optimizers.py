@@ -270,7 +270,8 @@ def step_table(timings: dict[str, list[bench.Timing]], numel: int, copy_gbps: fl
 
 # ------------------------------------------------------------------ kernels and the sweep
 def kernel_table(optimizers: dict[str, Factory], work: Workload) -> pd.DataFrame:
-    """Per candidate: kernels (CUDA) or top-level ops (CPU) launched by one step."""
+    """Per candidate: kernels (CUDA) or top-level ops (CPU) launched by one step
+    (``per_step``), and per parameter tensor (``per_tensor``)."""
     import pandas as pd
 
     rows = []
@@ -279,7 +280,9 @@ def kernel_table(optimizers: dict[str, Factory], work: Workload) -> pd.DataFrame
         optimizer.step()  # creates the state outside the profiled step
         counts = kernels.count_kernels(optimizer.step, work.device)
         rows.append({"candidate": name, "tensors": len(work.params), **counts})
-    return pd.DataFrame(rows).rename(columns={"per_call": "per_step"})
+    df = pd.DataFrame(rows).rename(columns={"per_call": "per_step"})
+    df.insert(3, "per_tensor", df["per_step"] / df["tensors"])
+    return df
 
 
 def tensor_count_sweep(optimizers: dict[str, Factory], total: int, counts: list[int],
