@@ -58,7 +58,7 @@ def test_headline_compares_apex_with_native_from_the_reports_tables():
     assert (gpt.apex_value, gpt.native_value) == (paths.loc["2", "step_ms"],
                                                  paths.loc["3", "step_ms"])
     assert set(table["reading"]) <= {"Apex faster", "native faster", "cannot tell apart",
-                                     "Apex uses less", "native uses less"}
+                                     "Apex uses less", "native uses less", "unstable"}
 
 
 def test_headline_reads_ties_by_the_courses_rule(tmp_path):
