@@ -12,7 +12,8 @@
   other seeds: the yardstick of the wrappers' loss differences), each difference read against
   the yardstick of its question (:func:`noise_table`), where a run parts from its reference step
   by step (:func:`divergence_table`); a variant's step time and peak memory against its
-  reference's, by the tie rule (:func:`pairs_table`); what DDP allocates (:func:`ddp_memory_growth`);
+  reference's, by the tie rule (:func:`pairs_table`); what DDP allocates
+  (:func:`ddp_memory_growth`);
 - the tables and the chart of the memory and communication model (its formulas are the
   notebook's cells, passed in), the link's datasheet figure, notebook 05's step time
   (:func:`compute_from_05`, on the table the notebook read);
@@ -841,7 +842,7 @@ def ddp_memory_growth(table: pd.DataFrame, buckets_gib: float, tol_gib: float = 
     wrap = float(table["ddp_allocated_vs_plain_gib"].iloc[1])
     row = {"wrap_gib": wrap, "buckets_gib": buckets_gib, "grew_at": None,
            "more_gib": 0.0, "grads_gib": 0.0, "in_grads": None, "after_rebuild": False,
-           "view_gib": float("nan")}
+           "view_gib": None}
     extra = table["ddp_allocated_vs_plain_gib"] - wrap
     grown = table[extra > tol_gib]
     if grown.empty:
