@@ -146,25 +146,30 @@ def timing_table(ddp_ms: list[float]) -> tuple[pd.DataFrame, dict[str, bench.Run
 def test_a_wrapper_whose_spread_is_too_wide_cannot_be_told_apart():
     wide = [60.0, 40.0, 40.0, 40.0, 90.0, 40.0, 90.0, 40.0, 90.0, 90.0, 90.0, 90.0]
     table, runs = timing_table(wide)
-    said = verdicts.compare_rows(table, "ddp", "plain", key="variant")
-    assert "cannot be told apart on this run (a spread of" in said
-    assert scaling.overhead_phrase(table, "ddp").startswith(
-        "ddp cannot be told apart from plain on this run (a spread of")
-    spread = scaling.spread_sentence(runs["ddp"], 60.0)
-    assert "over the 25% limit" in spread and "cannot be told apart from plain's" in spread
+    row = scaling.pairs_table(table, [("ddp", "plain")]).iloc[0]
+    assert row["verdict"] == verdicts.TIE_WORD and row["label"] == "tie"
+    assert row["why"].startswith("a spread of"), row["why"]
+    t = runs["ddp"].timing
+    assert verdicts.too_noisy(t.median_ms, (t.q1_ms, t.q3_ms))  # over the 25% limit
 
 
-def test_a_tight_wrapper_gets_its_percentage_and_the_tie_rule():
+def test_a_tight_wrapper_gets_its_ratio_and_the_tie_rule():
     table, runs = timing_table([60.0] + [72.0] * 11)
-    assert scaling.overhead_phrase(table, "ddp") == "ddp +20.0%"
-    assert "1.20x slower" in verdicts.compare_rows(table, "ddp", "plain", key="variant")
-    assert scaling.spread_sentence(runs["ddp"], 60.0) == ""
+    row = scaling.pairs_table(table, [("ddp", "plain")]).iloc[0]
+    assert row["verdict"] == "slower" and row["label"] == "slower 0.83x" and row["why"] == ""
+    assert row["mem_vs_gib"] == 0.0 or row["mem_vs_gib"] != row["mem_vs_gib"]  # same or NaN
+    t = runs["ddp"].timing
+    assert t.iqr_ms / t.median_ms <= 0.05  # tight
     table, _ = timing_table([60.0] + [61.0] * 11)
-    assert scaling.overhead_phrase(table, "ddp") == "ddp +1.7% (a tie: within 3%)"
+    row = scaling.pairs_table(table, [("ddp", "plain")]).iloc[0]
+    assert row["label"] == "tie" and row["why"] == "within 3%", row["why"]
     middling = [60.0] + [62.0, 70.0] * 5 + [66.0]  # an IQR of about 12% of the median
-    _, runs = timing_table(middling)
-    said = scaling.spread_sentence(runs["ddp"], 60.0)
-    assert said.startswith("ddp's step times spread widely on this run") and said.endswith(".")
+    table, runs = timing_table(middling)
+    t = runs["ddp"].timing
+    assert 0.05 < t.iqr_ms / t.median_ms and not verdicts.too_noisy(t.median_ms,
+                                                                     (t.q1_ms, t.q3_ms))
+    assert scaling.pairs_table(table, [("ddp", "plain"), ("absent", "plain")])["variant"].tolist(
+    ) == ["ddp"]  # a pair with a name not measured is left out
 
 
 # ------------------------------------------------------------------ the rounds, read once
@@ -218,27 +223,27 @@ def ddp_table(ddp, grads, view, rebuilt) -> pd.DataFrame:
                          "ddp+view_allocated_vs_plain_gib": view, "ddp_rebuilt": rebuilt})
 
 
-def test_ddp_memory_beyond_the_buckets_is_located_or_said_unexplained():
+def test_ddp_memory_beyond_the_buckets_is_located_or_marked_outside_the_grads():
     rebuilt = [False] * 5 + [True] * 3
     # as on the H200: 0.32 GiB at wrapping, 0.32 more from step 1, not in the .grad tensors
     h200 = ddp_table([0, .321, .321, .322, .323, .645, .646, .646], [0] * 8,
                      [.009, .329, .329, .004, .004, .327, .327, .327], rebuilt)
-    said = scaling.ddp_memory_sentence(h200, 0.32)
-    assert said.startswith("wrapping in DDP allocated 0.32 GiB more than plain (its buckets on "
-                           "paper: 0.32 GiB); from 'step 1: after forward', the first stage "
-                           "after DDP rebuilt its buckets, 0.32 GiB more stayed allocated"), said
-    assert "outside the .grad tensors' storage" in said and "not explained" in said
-    assert said.endswith("with gradient_as_bucket_view=True +0.33 GiB against plain there")
+    got = scaling.ddp_memory_growth(h200, 0.32)
+    assert got["wrap_gib"] == pytest.approx(0.321) and got["buckets_gib"] == 0.32
+    assert got["grew_at"] == "step 1: after forward" and got["after_rebuild"]
+    assert got["more_gib"] == pytest.approx(0.324) and got["in_grads"] is False
+    assert got["view_gib"] == pytest.approx(0.327)
     in_grads = ddp_table([0, .32, .32, .64, .64, .64, .64, .64], [0, 0, 0, .32, .32, 0, .32, .32],
                          [0] * 8, [False] * 8)
-    said = scaling.ddp_memory_sentence(in_grads, 0.32)
-    assert "from 'step 0: after backward' 0.32 GiB more stayed allocated, in the .grad" in said
-    assert "rebuilt" not in said
+    got = scaling.ddp_memory_growth(in_grads, 0.32)
+    assert got["grew_at"] == "step 0: after backward" and got["in_grads"] is True
+    assert got["more_gib"] == pytest.approx(0.32) and not got["after_rebuild"]
     flat = ddp_table([0, .32, .32, .32, .32, .32, .32, .32], [0] * 8, [0] * 8, rebuilt)
-    assert scaling.ddp_memory_sentence(flat, 0.32).endswith("nothing more at any later stage")
+    got = scaling.ddp_memory_growth(flat, 0.32)
+    assert got["grew_at"] is None and got["more_gib"] == 0.0 and got["in_grads"] is None
+    assert json.loads(json.dumps(got)) == got  # the notebook saves it as JSON
 
 
-# ------------------------------------------------------------------ what Dynamo compiled
 def test_dynamo_counts_see_a_compile_a_cache_hit_a_reset_and_a_recompile():
     import torch
 
@@ -266,10 +271,3 @@ def test_dynamo_counts_see_a_compile_a_cache_hit_a_reset_and_a_recompile():
             g(torch.ones(n))
         assert scaling.counts_since(before)["limit_hits"] == 1  # the second shape ran eagerly
     torch._dynamo.reset()
-    row = {"variant": "fsdp2+compile", "graphs": 1, "frames": 2, "graph_breaks": 0,
-           "recompiles": 1, "limit_hits": 1, "first_step_s": 0.1}
-    said = scaling.compile_sentence(row)
-    assert said == ("fsdp2+compile: 1 graph(s) compiled from 2 frame(s), 0 graph break(s), "
-                    "1 recompile(s), gave up 1 time(s) at its recompile limit (those calls ran "
-                    "eagerly); first step 0.1 s")
-    assert "gave up" not in scaling.compile_sentence(dict(row, limit_hits=float("nan")))

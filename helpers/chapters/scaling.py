@@ -11,8 +11,9 @@
 - the noise: the baseline trained again in the same launch (same seed: does it repeat itself?;
   other seeds: the yardstick of the wrappers' loss differences), each difference read against
   the yardstick of its question (:func:`noise_table`), where a run parts from its reference step
-  by step (:func:`divergence_table`), and the timing sentences that refuse a verdict where a
-  spread is too wide (:func:`spread_sentence`);
+  by step (:func:`divergence_table`); a variant's step time and peak memory against its
+  reference's, by the tie rule (:func:`pairs_table`); what DDP allocates
+  (:func:`ddp_memory_growth`);
 - the tables and the chart of the memory and communication model (its formulas are the
   notebook's cells, passed in), the link's datasheet figure, notebook 05's step time
   (:func:`compute_from_05`, on the table the notebook read);
@@ -392,40 +393,6 @@ def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_st
                             "per_step_floor_nats": per_step, "described": floor.describe()},
             "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)",
             "val_loss": "the same held-out batches for every run, after training; the floor's"}
-
-
-def spread_sentence(run: bench.Run, base_ms: float, baseline: str = "plain") -> str:
-    """'' when ``run``'s step times are tight (IQR within 5% of its median); else one sentence:
-    past ``verdicts.SPREAD_LIMIT`` its overhead cannot be told apart on this run, below it the
-    fastest step against the baseline's median (a cost that is not fixed per step)."""
-    t, name = run.timing, run.extra.get("variant", run.label)
-    share = t.iqr_ms / t.median_ms
-    if verdicts.too_noisy(t.median_ms, (t.q1_ms, t.q3_ms)):
-        return (f"{name}'s step times spread too widely on this run (IQR {t.iqr_ms:.1f} ms, "
-                f"{share:.0%} of its median, over the {verdicts.SPREAD_LIMIT:.0%} limit): its "
-                f"overhead cannot be told apart from {baseline}'s on this run - re-run to "
-                "compare.")
-    if share <= 0.05:
-        return ""
-    fixed = t.min_ms > 1.03 * base_ms
-    return (f"{name}'s step times spread widely on this run (IQR {t.iqr_ms:.1f} ms, {share:.0%} "
-            f"of its median); its fastest step took {t.min_ms:.1f} ms against {baseline}'s "
-            f"median {base_ms:.1f} ms" + ("." if fixed else
-                                          ": its overhead is no fixed cost per step here."))
-
-
-def overhead_phrase(table: pd.DataFrame, variant: str, baseline: str = "plain") -> str:
-    """'ddp +1.2%' for a wrapper's step time against the baseline's, with the tie rule's
-    reason where there is one; 'cannot be told apart' where a spread is too wide."""
-    a = table.loc[table["variant"] == variant].iloc[0]
-    b = table.loc[table["variant"] == baseline].iloc[0]
-    why = verdicts.tie_reason(float(a.median_ms), float(b.median_ms),
-                              a_iqr=(float(a.q1_ms), float(a.q3_ms)),
-                              b_iqr=(float(b.q1_ms), float(b.q3_ms)))
-    pct = 100 * (float(a.median_ms) / float(b.median_ms) - 1)
-    if why.startswith("a spread"):
-        return f"{variant} cannot be told apart from {baseline} on this run ({why})"
-    return f"{variant} {pct:+.1f}%" + (f" (a tie: {why})" if why else "")
 
 
 # ------------------------------------------------------------------ memory and communication
@@ -864,42 +831,43 @@ def counts_since(before: dict[str, int], after: dict[str, int] | None = None) ->
     return {k: after[k] - before.get(k, 0) for k in after}
 
 
-def compile_sentence(row) -> str:
-    """What Dynamo did for one compiled variant (a row of the notebook's compile table), as
-    counted in its launch: graphs, frames, graph breaks, recompiles, recompile-limit hits."""
-    limit = (f", gave up {row['limit_hits']:.0f} time(s) at its recompile limit (those calls "
-             "ran eagerly)" if row["limit_hits"] > 0 else "")  # NaN: not counted
-    return (f"{row['variant']}: {row['graphs']:.0f} graph(s) compiled from "
-            f"{row['frames']:.0f} frame(s), {row['graph_breaks']:.0f} graph break(s), "
-            f"{row['recompiles']:.0f} recompile(s){limit}; first step {row['first_step_s']:.1f} s")
-
-
 # ------------------------------------------------------------------ what DDP allocates
-def ddp_memory_sentence(table: pd.DataFrame, buckets_gib: float, tol_gib: float = 0.02) -> str:
-    """One sentence on DDP's allocation over the stages (the notebook's ``ddp_mem`` table:
-    ``stage``, ``{v}_allocated_vs_plain_gib`` and ``{v}_grads_vs_plain_gib`` for v in ddp,
-    ddp+view, and ``ddp_rebuilt``): what wrapping allocated against the buckets on paper, and
-    whether, and where, more came on top - in the .grad tensors' storage or outside it."""
+def ddp_memory_growth(table: pd.DataFrame, buckets_gib: float, tol_gib: float = 0.02) -> dict:
+    """DDP's allocation over the stages of the notebook's ``ddp_mem`` table (``stage``,
+    ``{v}_allocated_vs_plain_gib`` and ``{v}_grads_vs_plain_gib`` for v in ddp, ddp+view, and
+    ``ddp_rebuilt``), as data: what wrapping allocated (``wrap_gib``) beside the buckets on paper;
+    the first stage with more than ``tol_gib`` on top (``grew_at``, None when none), how much
+    (``more_gib``), whether it sits in the .grad tensors' storage (``in_grads``), whether that
+    stage is the first after DDP rebuilt its buckets, and ddp+view's allocation there."""
     wrap = float(table["ddp_allocated_vs_plain_gib"].iloc[1])
-    said = (f"wrapping in DDP allocated {wrap:.2f} GiB more than plain (its buckets on paper: "
-            f"{buckets_gib:.2f} GiB)")
+    row = {"wrap_gib": wrap, "buckets_gib": buckets_gib, "grew_at": None,
+           "more_gib": 0.0, "grads_gib": 0.0, "in_grads": None, "after_rebuild": False,
+           "view_gib": None}
     extra = table["ddp_allocated_vs_plain_gib"] - wrap
     grown = table[extra > tol_gib]
     if grown.empty:
-        return said + "; nothing more at any later stage"
+        return row
     at = int(grown.index[0])  # the first stage with more on top (a RangeIndex position)
     first = table.iloc[at]
     more, grads = float(extra.iloc[at]), float(first["ddp_grads_vs_plain_gib"])
-    where = ("in the .grad tensors' storage" if abs(grads - more) <= tol_gib else
-             f"outside the .grad tensors' storage (DDP's grads {grads:+.2f} GiB against plain's)"
-             " - measured, not explained by what this run records")
     rebuilt = ("ddp_rebuilt" in table and bool(first["ddp_rebuilt"])
                and (at == 0 or not bool(table["ddp_rebuilt"].iloc[at - 1])))
-    view = float(table["ddp+view_allocated_vs_plain_gib"].iloc[at])
-    return (said + f"; from '{first['stage']}'"
-            + (", the first stage after DDP rebuilt its buckets," if rebuilt else "")
-            + f" {more:.2f} GiB more stayed allocated, {where}; with "
-            f"gradient_as_bucket_view=True {view:+.2f} GiB against plain there")
+    return {**row, "grew_at": str(first["stage"]), "more_gib": more, "grads_gib": grads,
+            "in_grads": abs(grads - more) <= tol_gib, "after_rebuild": rebuilt,
+            "view_gib": float(table["ddp+view_allocated_vs_plain_gib"].iloc[at])}
+
+
+def pairs_table(table: pd.DataFrame, pairs: Sequence[tuple[str, str]]) -> pd.DataFrame:
+    """One row per (variant, its reference) of a :func:`runs_table`: both step times, the
+    tie rule's verdict (:func:`verdicts.comparison_table`) with its ``label`` (``faster 1.40x``,
+    ``tie``, ``slower 0.89x``), and the difference in peak memory (GiB)."""
+    got = verdicts.comparison_table(table, pairs, key="variant")
+    got["label"] = [verdicts.label(w, s) for w, s in zip(got["verdict"], got["speedup"],
+                                                           strict=True)]
+    mem = table.set_index("variant")["peak_mem_gib"]
+    got["mem_vs_gib"] = [float(mem[a]) - float(mem[b]) for a, b in zip(got["variant"],
+                                                                        got["vs"], strict=True)]
+    return got
 
 
 # ------------------------------------------------------------------ the script's instruments
