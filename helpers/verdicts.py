@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+TIE_WORD = "cannot tell apart"  # the verdict of two timings the tie rule cannot separate
 # Below this relative difference two medians are called a tie, whatever their spreads.
 TIE_FRACTION = 0.03
 # A timing whose IQR is more than this share of its median is too noisy to compare: on a cold
@@ -64,37 +65,23 @@ def is_tie(a_ms: float, b_ms: float, *, a_iqr: tuple[float, float] | None = None
     return bool(tie_reason(a_ms, b_ms, a_iqr=a_iqr, b_iqr=b_iqr, tie=tie))
 
 
-def compare(a_name: str, a_ms: float, b_name: str, b_ms: float, *,
-            a_iqr: tuple[float, float] | None = None, b_iqr: tuple[float, float] | None = None,
-            tie: float = TIE_FRACTION) -> str:
-    """One sentence comparing ``a`` with ``b`` from their medians (and IQRs, when given)."""
+def pair(a_ms: float, b_ms: float, *, a_iqr: tuple[float, float] | None = None,
+         b_iqr: tuple[float, float] | None = None, tie: float = TIE_FRACTION
+         ) -> tuple[str, float, str]:
+    """``a`` against ``b`` by the tie rule, as data: the verdict ('faster', 'slower' or
+    :data:`TIE_WORD`), b's time over a's and why it is a tie ('' when it is not)."""
     why = tie_reason(a_ms, b_ms, a_iqr=a_iqr, b_iqr=b_iqr, tie=tie)
-    if why:
-        return (f"{a_name} ({a_ms:.3g} ms) and {b_name} ({b_ms:.3g} ms) cannot be told apart "
-                f"on this run ({why})")
-    if a_ms < b_ms:
-        ratio, word = b_ms / a_ms, "faster"
-    else:
-        ratio, word = a_ms / b_ms, "slower"
-    return f"{a_name} ({a_ms:.3g} ms) is {ratio:.2f}x {word} than {b_name} ({b_ms:.3g} ms)"
+    word = TIE_WORD if why else "faster" if a_ms < b_ms else "slower"
+    return word, b_ms / a_ms, why
 
 
 # ------------------------------------------------------------------ readings of a timing table
-TIE_WORD = "cannot tell apart"  # the verdict of two timings the tie rule cannot separate
 
 
 def row_iqr(row) -> tuple[float, float] | None:
     """A timing row's (q1_ms, q3_ms), or None where its table has no such columns."""
     q1, q3 = getattr(row, "q1_ms", None), getattr(row, "q3_ms", None)
     return None if q1 is None or q3 is None else (float(q1), float(q3))
-
-
-def compare_rows(df, a: str, b: str, *, key: str = "candidate") -> str:
-    """:func:`compare` for two rows of a timing table."""
-    ra = df.loc[df[key] == a].iloc[0]
-    rb = df.loc[df[key] == b].iloc[0]
-    return compare(a, float(ra.median_ms), b, float(rb.median_ms), a_iqr=row_iqr(ra),
-                   b_iqr=row_iqr(rb))
 
 
 def fastest(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
@@ -128,31 +115,6 @@ def noisy_rows(df, *, key: str = "candidate") -> dict[str, float]:
     return noisy
 
 
-def noise_note(noisy: dict[str, float]) -> str:
-    """Why timings with these spreads (name -> IQR over median, :func:`noisy_rows`) are not
-    compared."""
-    def share(x: float) -> str:  # one decimal near the limit, so 25.4% does not read as 25%
-        return f"{x:.1%}" if x < 2 * SPREAD_LIMIT else f"{x:.0%}"
-
-    names = ", ".join(f"{name} {share(x)}" for name, x in noisy.items())
-    return (f"the timings are too noisy to compare (IQR more than {SPREAD_LIMIT:.0%} of the "
-            f"median: {names}), cold caches on a first run or a busy machine - re-run to compare")
-
-
-def fastest_reading(df, *, key: str = "candidate", among: list[str] | None = None) -> str:
-    """The fastest row by the tie rule (optionally among some names only): 'X', 'X (cannot be
-    told apart from Y, Z on this run)', or, when any of those rows' spread is too wide to
-    compare, 'none on this run: the timings are too noisy to compare ...' (:func:`noise_note`)."""
-    rows = df if among is None else df[df[key].isin(among)]
-    noisy = noisy_rows(rows, key=key)
-    if noisy:
-        return f"none on this run: {noise_note(noisy)}"
-    names = tied_with_fastest(rows, key=key)
-    if len(names) == 1:
-        return names[0]
-    return f"{names[0]} (cannot be told apart from {', '.join(names[1:])} on this run)"
-
-
 def comparison_table(df, pairs: Iterable[tuple[str, str]], *, key: str = "candidate"):
     """One row per measured pair (a, b): both medians, b's time over a's (``speedup``, the raw
     ratio of the medians) and the verdict of a against b by the tie rule (:func:`tie_reason`):
@@ -174,14 +136,6 @@ def comparison_table(df, pairs: Iterable[tuple[str, str]], *, key: str = "candid
         word = TIE_WORD if why else "faster" if a_ms < b_ms else "slower"
         rows.append(dict(zip(columns, [a, b, a_ms, b_ms, b_ms / a_ms, word, why], strict=True)))
     return pd.DataFrame(rows, columns=columns)
-
-
-def pair_sentence(row) -> str:
-    """One row of :func:`comparison_table` as a reading: 'faster (speed-up 1.52x)' or
-    'cannot tell apart on this run (why)', never a ratio of two timings it cannot separate."""
-    if row.verdict == TIE_WORD:
-        return f"{TIE_WORD} on this run ({row.why})"
-    return f"{row.verdict} (speed-up {row.speedup:.2f}x)"
 
 
 def verdict_table(df, by: list[str], *, key: str = "candidate", value: str = "median_ms",
@@ -279,59 +233,11 @@ class NoiseFloor:
         pairs = itertools.combinations(seeds, 2)
         return max(abs(a - b) for a, b in pairs) / abs(self.baseline)
 
-    def describe(self) -> str:
-        """One line: what was repeated, the floor, and the other seed's spread."""
-        seed = ("" if self.other_seed is None else
-                f"; another seed moved it by {self.seed_spread:.3%}")
-        return (f"noise floor {self.floor:.3%}: {self.what} trained {len(self.same_seed)} times "
-                f"with the same seed, losses {min(self.same_seed):.4f} to "
-                f"{max(self.same_seed):.4f}{seed}")
-
-
 def beyond_noise(diff: float, floor: float, factor: float = NOISE_FACTOR) -> bool:
     """True when a difference (any sign, in the floor's unit) exceeds ``factor`` x the floor."""
     if not (math.isfinite(diff) and math.isfinite(floor)):
         return False
     return abs(diff) > factor * floor
-
-
-def noise_reading(diff: float, floor: float, factor: float = NOISE_FACTOR) -> str:
-    """'within noise' or 'beyond noise by Nx the floor' for a difference in the floor's unit."""
-    if not (math.isfinite(diff) and math.isfinite(floor)):
-        return "not measured"
-    if not beyond_noise(diff, floor, factor):
-        return "within noise"
-    if floor == 0:
-        return "beyond noise (this machine repeats runs exactly: the floor is 0)"
-    return f"beyond noise by {abs(diff) / floor:.1f}x the floor"
-
-
-def loss_comparison(losses: dict[str, float], baseline: str, noise: NoiseFloor,
-                    tolerance: float = LOSS_TOLERANCE):
-    """One row per run: its loss, its difference from ``baseline``'s (relative), the floor
-    beside it, the reading against the floor and whether it is within the target."""
-    import pandas as pd
-
-    if baseline not in losses:
-        raise KeyError(f"the baseline {baseline!r} is not among the runs {sorted(losses)}")
-    base = losses[baseline]
-    rows = []
-    for name, loss in losses.items():
-        diff = (loss - base) / abs(base) if math.isfinite(loss) else math.nan
-        rows.append({"run": name, "val_loss": loss, "diff_pct": 100 * diff,
-                     "noise_floor_pct": 100 * noise.floor,
-                     "reading": "baseline" if name == baseline else
-                     noise_reading(diff, noise.floor),
-                     "within_target": bool(abs(diff) <= tolerance) if diff == diff else False})
-    return pd.DataFrame(rows)
-
-
-def loss_sentence(name: str, diff: float, noise: NoiseFloor, *, against: str,
-                  tolerance: float = LOSS_TOLERANCE) -> str:
-    """One sentence: a relative loss difference read against the floor and the target."""
-    target = ("within" if abs(diff) <= tolerance else "NOT within") + f" the {tolerance:.0%} target"
-    return (f"{name}: validation loss {diff:+.3%} vs {against} - {noise_reading(diff, noise.floor)}"
-            f" (floor {noise.floor:.3%}), {target}")
 
 
 def spread_of(values: Sequence[float]) -> float:

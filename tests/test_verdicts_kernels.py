@@ -1,4 +1,4 @@
-"""Verdict sentences and kernel counting shared by notebooks 02 and 03."""
+"""Timing verdicts and kernel counting shared by notebooks 02 and 03."""
 
 import pandas as pd
 import pytest
@@ -7,25 +7,17 @@ import torch
 from helpers import bench, errors, kernels, verdicts
 
 
-def test_compare_says_faster_and_slower_from_the_numbers():
-    assert "2.00x faster than b" in verdicts.compare("a", 1.0, "b", 2.0)
-    assert "2.00x slower than b" in verdicts.compare("a", 2.0, "b", 1.0)
-
-
-def test_compare_flips_when_the_numbers_flip():
-    one = verdicts.compare("apex", 1.0, "torch", 1.5)
-    other = verdicts.compare("apex", 1.5, "torch", 1.0)
-    assert "faster" in one and "slower" in other
+def test_pair_says_faster_and_slower_from_the_numbers():
+    assert verdicts.pair(1.0, 2.0) == ("faster", 2.0, "")
+    assert verdicts.pair(2.0, 1.0) == ("slower", 0.5, "")
 
 
 def test_small_differences_and_overlapping_iqrs_are_ties():
-    assert "cannot be told apart on this run (within 3%)" in verdicts.compare("a", 1.00, "b", 1.02)
-    assert "IQRs overlap" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.9, 1.15),
-                                            b_iqr=(1.1, 1.3))
-    assert "faster" in verdicts.compare("a", 1.0, "b", 1.2, a_iqr=(0.95, 1.05), b_iqr=(1.1, 1.3))
-    noisy = verdicts.compare("a", 1.0, "b", 3.0, a_iqr=(0.5, 1.5), b_iqr=(2.9, 3.1))
-    assert "cannot be told apart on this run (a spread of 100% of its median" in noisy
-    assert "faster" not in noisy and "3.00x" not in noisy
+    assert verdicts.pair(1.00, 1.02)[::2] == (verdicts.TIE_WORD, "within 3%")
+    assert verdicts.pair(1.0, 1.2, a_iqr=(0.9, 1.15), b_iqr=(1.1, 1.3))[2] == "IQRs overlap"
+    assert verdicts.pair(1.0, 1.2, a_iqr=(0.95, 1.05), b_iqr=(1.1, 1.3))[0] == "faster"
+    word, _, why = verdicts.pair(1.0, 3.0, a_iqr=(0.5, 1.5), b_iqr=(2.9, 3.1))
+    assert word == verdicts.TIE_WORD and why.startswith("a spread of 100% of its median")
 
 
 def test_is_tie_rejects_non_positive_times():
@@ -33,12 +25,11 @@ def test_is_tie_rejects_non_positive_times():
         verdicts.is_tie(0.0, 1.0)
 
 
-def test_fastest_and_compare_rows_read_a_table():
+def test_fastest_reads_a_table():
     df = pd.DataFrame({"candidate": ["x", "y"], "median_ms": [3.0, 1.0], "q1_ms": [2.9, 0.9],
                        "q3_ms": [3.1, 1.1]})
     assert verdicts.fastest(df) == "y"
     assert verdicts.fastest(df, among=["x"]) == "x"
-    assert verdicts.compare_rows(df, "y", "x").startswith("y (1 ms) is 3.00x faster")
 
 
 def test_count_kernels_on_cpu_counts_outermost_ops():
@@ -75,7 +66,7 @@ def test_oom_exit_turns_oom_into_one_sentence():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def test_fastest_reading_names_the_rows_tied_with_the_winner():
+def test_tied_with_fastest_names_the_rows_tied_with_the_winner():
     df = pd.DataFrame([
         {"candidate": "a", "median_ms": 1.00, "q1_ms": 0.99, "q3_ms": 1.01},
         {"candidate": "b", "median_ms": 1.02, "q1_ms": 1.00, "q3_ms": 1.25},  # within 3%
@@ -85,11 +76,9 @@ def test_fastest_reading_names_the_rows_tied_with_the_winner():
     ])
     clear = df[df["candidate"] != "e"]
     assert verdicts.tied_with_fastest(clear) == ["a", "b", "c"]
-    assert verdicts.fastest_reading(clear) == "a (cannot be told apart from b, c on this run)"
-    assert verdicts.fastest_reading(df, among=["a", "d"]) == "a"
-    assert verdicts.fastest_reading(df, among=["d", "e"]).startswith("none on this run")
-    assert verdicts.fastest_reading(df.drop(columns=["q1_ms", "q3_ms"])) == \
-        "a (cannot be told apart from b on this run)"  # medians alone: never too noisy
+    assert verdicts.tied_with_fastest(df, among=["a", "d"]) == ["a"]
+    assert set(verdicts.noisy_rows(df)) == {"e"}
+    assert verdicts.tied_with_fastest(df.drop(columns=["q1_ms", "q3_ms"])) == ["a", "b"]
 
 
 def test_comparison_table_reads_any_name_column_with_or_without_iqrs():
@@ -101,6 +90,6 @@ def test_comparison_table_reads_any_name_column_with_or_without_iqrs():
     medians = verdicts.comparison_table(df.drop(columns=["q1_ms", "q3_ms"]), [("x", "y")],
                                         key="run").iloc[0]
     assert (medians.verdict, medians.speedup) == ("faster", pytest.approx(1.2))
-    assert verdicts.pair_sentence(medians) == "faster (speed-up 1.20x)"
+    assert verdicts.label(medians.verdict, medians.speedup) == "faster 1.20x"
     assert verdicts.row_iqr(df.iloc[0]) == (0.95, 1.15)
     assert verdicts.row_iqr(df.drop(columns=["q3_ms"]).iloc[0]) is None

@@ -390,7 +390,7 @@ def losses_record(runs: dict[str, bench.Run], floor: verdicts.NoiseFloor, per_st
             "noise_floor": {"same_seed": list(floor.same_seed), "other_seed": floor.other_seed,
                             "other_seeds": list(floor.other_seeds),
                             "floor": floor.floor, "seed_spread": floor.seed_spread,
-                            "per_step_floor_nats": per_step, "described": floor.describe()},
+                            "per_step_floor_nats": per_step},
             "final_loss": "the mean of the last tenth of the steps (bench.Run.final_loss)",
             "val_loss": "the same held-out batches for every run, after training; the floor's"}
 
