@@ -124,12 +124,12 @@ def test_a_new_chapter_needs_no_list_edited(clone):
     wanted = [f"tests/test_notebooks.py::test_notebook_runs_and_saves_its_tables[{name[:-6]}]",
               f"tests/test_hygiene.py::test_notebook_is_stripped_and_valid[{name}]",
               "tests/test_hygiene.py::test_ruff_is_clean",
-              "tests/test_hygiene.py::test_readme_layout_lists_every_helper_module_and_no_other",
+              "tests/test_hygiene.py::test_contributing_layout_lists_every_helper_module_and_no_other",
               "tests/test_hygiene.py::test_each_chapter_module_belongs_to_one_notebook",
               "tests/test_hygiene.py::test_the_core_never_imports_a_chapter_and_no_chapter_another",
               "tests/test_notebooks.py::test_the_notebooks_are_numbered_in_order_from_01",
-              "tests/test_standalone.py::test_every_notebook_has_the_same_setup_cell_after_its"
-              "_parameters",
+              "tests/test_standalone.py::test_every_notebook_has_the_same_short_setup_cell_after"
+              "_its_parameters",
               f"tests/test_{TOPIC}.py::test_both_sums_agree"]
     base = clone.parent / "pytest-in-the-clone"
     proc = _run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",

@@ -14,6 +14,9 @@ one) and the goals it is held to (:class:`Targets`) are the notebook's, passed i
   (:func:`mfu_limits`), the paths' speed-ups by the tie rule (:func:`summary_table`), the
   yardsticks, and the norm a step pays for (:func:`norm_choice`, :func:`norm_in_step`).
 Each returns numbers and verdict words (``verdicts.label``); the notebook's markdown reads them.
+
+Longer than 400 lines (just) because the time breakdown, the norm choice and the TF32 shares
+all read the same kernel categories, and split apart they would drift.
 """
 
 from __future__ import annotations
