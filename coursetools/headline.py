@@ -85,7 +85,7 @@ def _winner(family: str, label: str) -> str:
     """A ranking's winner and label (03_rankings) as the headline's reading."""
     if not str(label).startswith("faster"):
         return verdicts.TIE_WORD if label == "tie" else str(label)
-    return "Apex faster" if family == "apex" else "native faster"
+    return "Apex faster" if family.startswith("apex") else "native faster"
 
 
 def _norms(results: Path) -> list[dict | None]:

@@ -25,7 +25,7 @@ def test_the_headline_reads_the_rounds_and_both_norm_rankings(tmp_path):
     _write(results, "03_rankings", [
         dict(norm="LayerNorm", dtype="bf16", gpu_fastest="torch.compile",
              gpu_verdict="faster 1.30x", call_fastest="torch", call_verdict="faster 1.10x",
-             eager_call_fastest="apex", eager_call_verdict="faster 1.20x",
+             eager_call_fastest="apex Fused", eager_call_verdict="faster 1.20x",
              **{"pass": "forward+backward"})])
     _write(results, "03_call_rounds", [
         dict(norm="LayerNorm", dtype="bf16", candidate="apex FusedLayerNorm", median_ms=0.6,

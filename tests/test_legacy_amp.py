@@ -639,3 +639,32 @@ def test_fused_kernel_check_reads_the_legacy_source_and_names_what_is_missing(tm
         multi_tensor_scale=None, multi_tensor_axpby=None))
     check = legacy_amp.fused_kernel_check(tmp_path / "apex", "cpu")
     assert not check["ok"] and not check["missing"] and "CUDA" in check["why"]
+
+
+class _FakeAmpC:
+    """The scaler kernels in PyTorch, with amp_C's calling convention (for the CPU)."""
+
+    def __init__(self, skip_last: bool = False):
+        self.skip_last = skip_last
+
+    def multi_tensor_scale(self, _chunk, noop, lists, scale):
+        for src, dst in zip(*lists, strict=True):
+            if not torch.isfinite(src).all():
+                noop.fill_(1)
+            n = len(dst) - (1 if self.skip_last else 0)
+            dst[:n] = src.float()[:n] * scale
+
+    def multi_tensor_axpby(self, _chunk, noop, lists, a, b, _arg):
+        for x, y, out in zip(*lists, strict=True):
+            out.copy_(x.float() * a + y.float() * b)
+
+    def multi_tensor_l2norm(self, _chunk, noop, lists, _per_tensor):
+        return (torch.linalg.vector_norm(torch.cat(lists[0])),)
+
+
+def test_the_kernel_check_passes_right_kernels_and_catches_an_unwritten_element():
+    calls = ["multi_tensor_scale", "multi_tensor_axpby", "multi_tensor_l2norm"]
+    good = legacy_amp._kernel_errors(_FakeAmpC(), torch.device("cpu"), calls)
+    assert max(good.values()) <= 1e-6, good
+    bad = legacy_amp._kernel_errors(_FakeAmpC(skip_last=True), torch.device("cpu"), calls)
+    assert bad["multi_tensor_scale"] == float("inf")

@@ -610,33 +610,47 @@ def legacy_kernel_calls(apex_dir: Path | str) -> list[str]:
     return sorted(names)
 
 
+def _worst(diff: torch.Tensor) -> float:
+    """The largest absolute difference, inf where an element was never written (NaN)."""
+    return float(torch.nan_to_num(diff.abs(), nan=math.inf).max())
+
+
 def _kernel_errors(amp_c, device: torch.device, calls: list[str]) -> dict[str, float]:
-    """Each scaler kernel of ``amp_c`` run as legacy amp runs it, on fp16 and fp32 gradients,
-    against PyTorch: name -> largest absolute difference (for the l2 norm, a tenth of the
-    relative one: its sum runs in another order); an inf must set the overflow flag."""
+    """Each scaler kernel of ``amp_c`` run as legacy amp runs it, on fp16 and on fp32 gradients
+    (one dtype per tensor list, as amp's scaler groups them: the kernels read a list as its
+    first tensor's dtype), against PyTorch: name -> largest absolute difference (for the l2
+    norm, a tenth of the relative one: its sum runs in another order); outputs start as NaN, so
+    an element the kernel does not write shows; an inf must set the overflow flag."""
     gen = torch.Generator().manual_seed(0)
     sizes = (1000, 3, 70_000)  # one tensor longer than a chunk
-    grads = [(torch.randn(n, generator=gen) * 1e3).to(device, dt)
-             for n, dt in zip(sizes, (torch.float16, torch.float32, torch.float16), strict=True)]
-    stashed = [torch.randn(n, generator=gen).to(device) for n in sizes]
     noop = torch.zeros(1, dtype=torch.int, device=device)
-    out = {}
-    masters = [torch.empty(n, device=device) for n in sizes]
-    amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, masters], 1 / 2**16)
-    out["multi_tensor_scale"] = max(float((m - g.float() / 2**16).abs().max())
-                                    for m, g in zip(masters, grads, strict=True))
-    masters = [torch.empty(n, device=device) for n in sizes]
-    amp_c.multi_tensor_axpby(CHUNK_SIZE, noop, [grads, stashed, masters], 1 / 2**16, 1.0, 0)
-    out["multi_tensor_axpby"] = max(float((m - (g.float() / 2**16 + s)).abs().max())
-                                    for m, g, s in zip(masters, grads, stashed, strict=True))
+    out = {"multi_tensor_scale": 0.0, "multi_tensor_axpby": 0.0}
+
+    def nan_like(n: int) -> torch.Tensor:
+        return torch.full((n,), float("nan"), device=device)
+
+    for dtype in (torch.float16, torch.float32):
+        grads = [(torch.randn(n, generator=gen) * 1e3).to(device, dtype) for n in sizes]
+        stashed = [torch.randn(n, generator=gen).to(device) for n in sizes]
+        masters = [nan_like(n) for n in sizes]
+        amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, masters], 1 / 2**16)
+        out["multi_tensor_scale"] = max(out["multi_tensor_scale"], *(
+            _worst(m - g.float() / 2**16) for m, g in zip(masters, grads, strict=True)))
+        masters = [nan_like(n) for n in sizes]
+        amp_c.multi_tensor_axpby(CHUNK_SIZE, noop, [grads, stashed, masters], 1 / 2**16, 1.0, 0)
+        out["multi_tensor_axpby"] = max(out["multi_tensor_axpby"], *(
+            _worst(m - (g.float() / 2**16 + s))
+            for m, g, s in zip(masters, grads, stashed, strict=True)))
     if "multi_tensor_l2norm" in calls:  # relative: a sum in another order
+        stashed = [torch.randn(n, generator=gen).to(device) for n in sizes]
         norm = amp_c.multi_tensor_l2norm(CHUNK_SIZE, noop, [stashed], False)[0]
         want = torch.linalg.vector_norm(torch.cat(stashed))
         out["multi_tensor_l2norm"] = float((norm.float().reshape(()) - want).abs() / want) / 10
     if int(noop.item()) != 0:
         raise RuntimeError("the overflow flag was set on finite gradients")
+    grads = [(torch.randn(n, generator=gen)).to(device, torch.float16) for n in sizes]
     grads[2][5] = float("inf")
-    amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, masters], 1.0)
+    amp_c.multi_tensor_scale(CHUNK_SIZE, noop, [grads, [nan_like(n) for n in sizes]], 1.0)
     if int(noop.item()) == 0:
         raise RuntimeError("multi_tensor_scale did not flag an inf gradient")
     return out

@@ -51,9 +51,9 @@ def loss_scale():
     return amp._amp_state.loss_scalers[0].loss_scale()
 
 
-for label, opt_level, eps in child.legacy_runs():  # O0-O3, then O3 once per o3_eps
+for label, opt_level, eps, fused in child.legacy_runs():  # O0-O3, O3 per eps, O1/O2 fused
     model = optimizer = rec = run = None        # free the last run before measuring this one
-    with child.level(label, opt_level, eps) as info:  # warnings, failure, reset_amp after
+    with child.level(label, opt_level, eps, fused) as info:  # kernels on/off, reset_amp after
         with bench.peak_memory(device) as peak:
             model, optimizer = build(opt_level, eps)
             options = amp._amp_state.opt_properties.options  # what the level set
@@ -73,4 +73,7 @@ for opt_level in child.overflow_runs():         # 3. one forced inf gradient per
         model, optimizer = build(opt_level, cfg.adam_eps)
         row.update(legacy_amp.overflow_probe(lambda x, y: step(model, optimizer, x, y),
                                              model, optimizer, loss_scale, batches))
+
+model = optimizer = None                        # 4. step times in interleaved rounds
+child.time_rounds(lambda opt_level: build(opt_level, cfg.adam_eps), step)
 child.write()
