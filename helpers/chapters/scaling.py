@@ -353,17 +353,19 @@ def divergence_table(runs: dict[str, bench.Run], pairs: Sequence[tuple[str, str]
     ``pairs``, the loss difference at step 0 (the same weights and batch: the forward alone),
     the first step whose difference exceeds ``factor`` x the baseline's same-seed difference at
     that step (:func:`step_floors`; -1: none), the largest per-step difference and its step, the
-    end-loss difference (relative) and its verdict against the same-seed floor (the question
-    'does it repeat its reference?': :func:`verdicts.loss_verdict`)."""
+    end-loss difference (relative) and its verdict (:func:`verdicts.loss_verdict`) against the
+    yardstick its question calls for: a repeat of its reference (``"fsdp2 (repeat 1)"`` against
+    ``"fsdp2"``) against the same-seed repeats, another wrapper against the other seeds."""
     import pandas as pd
 
     floors = step_floors(runs, baseline)
     floor, _ = noise_floor(runs, baseline)
-    scale, name = verdicts.yardstick(floor, "repeat")
     rows = []
     for run, ref in pairs:
         if run not in runs or ref not in runs:
             continue
+        question = "repeat" if run.startswith(f"{ref} (repeat") else "numerics"
+        scale, name = verdicts.yardstick(floor, question)
         diffs = [abs(x - y) for x, y in zip(runs[run].losses, runs[ref].losses, strict=True)]
         beyond = [i for i, (d, f) in enumerate(zip(diffs, floors, strict=True)) if d > factor * f]
         worst = max(range(len(diffs)), key=diffs.__getitem__)
