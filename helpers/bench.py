@@ -177,23 +177,28 @@ def benchmark(
 def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, warmup: int = 3,
                 repeats: int = 10, flush: bool | None = None,
                 device: str | torch.device | None = None,
-                setup: Callable[[], object] | None = None) -> dict[str, list[Timing]]:
+                setup: Callable[[], object] | None = None,
+                discard: int = 1) -> dict[str, list[Timing]]:
     """Time several candidates in ``rounds`` interleaved rounds: each round times every
     candidate once with :func:`benchmark` (``warmup`` + ``repeats`` calls), in an order rotated
     by one place each round, so a drift of the machine (clocks, a neighbour, the allocator)
-    falls on all of them alike. Returns name -> one :class:`Timing` per round; the spread of
+    falls on all of them alike. ``discard`` whole rounds run first and are not kept: the first
+    pass over the candidates also pays what no later round does (lazy initialisation, the
+    allocator growing, caches filling). Returns name -> one :class:`Timing` per kept round
+    (``meta['round']`` counts from 0 after the discarded ones); the spread of
     the rounds' medians (:func:`helpers.verdicts.rounds_table`) is what host-bound timings
     move by between runs, which the repeats of one round understate."""
-    if rounds < 1:
-        raise ValueError("interleaved timing needs rounds >= 1")
+    if rounds < 1 or discard < 0:
+        raise ValueError("interleaved timing needs rounds >= 1 and discard >= 0")
     names = list(fns)
     out: dict[str, list[Timing]] = {name: [] for name in names}
-    for k in range(rounds):
+    for k in range(discard + rounds):
         shift = k % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
-            out[name].append(benchmark(fns[name], label=name, warmup=warmup, repeats=repeats,
-                                       flush=flush, device=device, setup=setup,
-                                       meta={"round": k}))
+            t = benchmark(fns[name], label=name, warmup=warmup, repeats=repeats, flush=flush,
+                          device=device, setup=setup, meta={"round": k - discard})
+            if k >= discard:
+                out[name].append(t)
     return out
 
 

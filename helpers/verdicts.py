@@ -10,7 +10,8 @@
   2% target; the yardstick is fixed by the question (:func:`yardstick`): same-seed repeats for
   "does this run repeat itself?", other seeds for "do two numerics learn the same?".
 - Host-bound timings: interleaved rounds, a verdict only when every round agrees
-  (:func:`rounds_table`), each candidate its own stability flag (:func:`round_stability`).
+  (:func:`rounds_table`), each candidate's own spread over the rounds (:func:`round_stability`);
+  whether the host or the GPU sets the pace of back-to-back calls (:func:`host_bound`).
 
 Longer than 400 lines because it is the course's one rule book: every verdict a notebook prints
 comes from here, and the timing, loss and rounds rules share the tie fraction and the noise
@@ -39,6 +40,23 @@ def too_noisy(ms: float, iqr: tuple[float, float] | None, limit: float = SPREAD_
         return False
     width = iqr[1] - iqr[0]
     return not (math.isfinite(width) and math.isfinite(ms)) or width > limit * ms
+
+
+# The host sets the pace of back-to-back calls only when it takes clearly longer than the GPU:
+# by more than this share of the GPU time. Host times move between runs (a busier or slower
+# host minute) far more than GPU times do, so a host time near the GPU time is read as neither.
+HOST_MARGIN = 0.25
+
+
+def host_bound(host_ms: float, gpu_ms: float, gpu_q3_ms: float | None = None,
+               margin: float = HOST_MARGIN) -> bool:
+    """True when the host's time per call (``host_ms``) exceeds the GPU's (its median, or its
+    third quartile ``gpu_q3_ms`` where given) by more than ``margin``: back-to-back calls then
+    leave the GPU waiting for the host. False for times that are not finite."""
+    ref = gpu_ms if gpu_q3_ms is None else max(gpu_ms, gpu_q3_ms)
+    if not (math.isfinite(host_ms) and math.isfinite(ref)) or ref <= 0:
+        return False
+    return host_ms > (1 + margin) * ref
 
 
 def tie_reason(a_ms: float, b_ms: float, *, a_iqr: tuple[float, float] | None = None,
@@ -334,20 +352,20 @@ def round_stability(rounds: dict[str, list[float]], limit: float = SPREAD_LIMIT)
     return pd.DataFrame(rows)
 
 
-def rounds_reason(a: Sequence[float], b: Sequence[float], *, tie: float = TIE_FRACTION,
-                  limit: float = SPREAD_LIMIT) -> tuple[str, str]:
+def rounds_reason(a: Sequence[float], b: Sequence[float], *, tie: float = TIE_FRACTION
+                  ) -> tuple[str, str]:
     """The verdict of ``a`` against ``b`` timed in the same interleaved rounds (each round's
     median, ms) and why: 'faster' when ``a`` beat ``b`` by more than ``tie`` in every round,
     'slower' when it lost by more than that in every round, else 'cannot tell apart' (the
-    rounds disagree, or every round is within ``tie``); 'unstable' when either's rounds range
-    over more than ``limit`` of its median."""
+    rounds disagree, or every round is within ``tie``).
+
+    Read round by round: a drift of the host (a slower minute, another process) moves both
+    candidates of a round alike, so a candidate whose rounds range widely can still lose or
+    win every round; one whose rounds cross the other's is a tie."""
     if len(a) != len(b) or not a:
         raise ValueError("two candidates of the same rounds are needed, with one median each")
-    for ms in (a, b):
-        med = statistics.median(ms)
-        if med <= 0 or (max(ms) - min(ms)) / med > limit:
-            return "unstable", (f"rounds ranged {100 * (max(ms) - min(ms)) / med:.0f}% of "
-                                "their median")
+    if min(a) <= 0 or min(b) <= 0:
+        raise ValueError("timings must be positive")
     ratios = [y / x for x, y in zip(a, b, strict=True)]  # b's time over a's, round by round
     lo, hi = min(ratios), max(ratios)
     if lo > 1 + tie:
@@ -386,7 +404,7 @@ def rounds_table(rounds: dict[str, list[float]], pairs: Iterable[tuple[str, str]
 def fastest_by_rounds(rounds: dict[str, list[float]], *, tie: float = TIE_FRACTION
                       ) -> tuple[str, list[str]]:
     """The candidate with the lowest median over the rounds, and the others that
-    :func:`rounds_reason` cannot tell apart from it (or that are unstable)."""
+    :func:`rounds_reason` cannot tell apart from it."""
     if not rounds:
         raise ValueError("no candidates to choose from")
     best = min(rounds, key=lambda n: statistics.median(rounds[n]))

@@ -324,25 +324,28 @@ def stepper(build: Callable[[], tuple], step: Callable, batches) -> Callable[[],
 
 def rounds_of(candidates: dict[str, Callable[[], contextlib.AbstractContextManager]], *,
               rounds: int, repeats: int, device: torch.device | str,
-              warmup: int = ROUND_WARMUP) -> tuple[dict[str, list[float]], dict[str, str]]:
+              warmup: int = ROUND_WARMUP, discard: int = 1
+              ) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Time candidates that cannot live side by side (one ``amp.initialize`` at a time) in
     interleaved rounds: each round enters every candidate's context (a fresh run, yielding a
     zero-argument step) in an order rotated by one place, times ``repeats`` steps after
-    ``warmup`` with :func:`helpers.bench.benchmark` and leaves it. Returns name -> each round's
+    ``warmup`` with :func:`helpers.bench.benchmark` and leaves it; the first ``discard`` rounds
+    are not kept (as :func:`helpers.bench.interleaved`). Returns name -> each kept round's
     median (ms), and name -> the one-line error of a candidate that failed (then dropped)."""
     names = list(candidates)
     out: dict[str, list[float]] = {n: [] for n in names}
     failed: dict[str, str] = {}
-    for k in range(rounds):
+    for k in range(discard + rounds):
         shift = k % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
             if name in failed:
                 continue
             try:
                 with candidates[name]() as step:
-                    out[name].append(bench.benchmark(step, label=name, warmup=warmup,
-                                                     repeats=repeats, flush=False,
-                                                     device=device).median_ms)
+                    ms = bench.benchmark(step, label=name, warmup=warmup, repeats=repeats,
+                                         flush=False, device=device).median_ms
+                if k >= discard:
+                    out[name].append(ms)
             except Exception as exc:
                 failed[name] = errors.one_line(exc, 300)
     return {n: ms for n, ms in out.items() if n not in failed}, failed
@@ -353,15 +356,12 @@ def across_processes(a: list[float], b: list[float], *, tie: float | None = None
     """The verdict of ``a`` against ``b`` timed in rounds of two different processes, where no
     round of one has a partner round of the other: 'faster' only when ``a``'s slowest round
     beats ``b``'s fastest by more than ``tie``, 'slower' the other way round, else 'cannot
-    tell apart'; 'unstable' when either's rounds range over ``verdicts.SPREAD_LIMIT``."""
+    tell apart' (a wide spread of either's rounds makes them overlap)."""
     from helpers import verdicts
 
     tie = verdicts.TIE_FRACTION if tie is None else tie
-    for ms in (a, b):
-        med = statistics.median(ms)
-        if med <= 0 or (max(ms) - min(ms)) / med > verdicts.SPREAD_LIMIT:
-            return "unstable", (f"rounds ranged {100 * (max(ms) - min(ms)) / med:.0f}% of "
-                                "their median")
+    if not a or not b or min(a) <= 0 or min(b) <= 0:
+        raise ValueError("each process needs at least one positive round median")
     if max(a) * (1 + tie) < min(b):
         return "faster", "every round of one process beat every round of the other"
     if min(a) > max(b) * (1 + tie):

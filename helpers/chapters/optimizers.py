@@ -232,8 +232,8 @@ def step_table(timings: dict[str, list[bench.Timing]], numel: int, copy_gbps: fl
                baselines: tuple[str, ...] = ("foreach", "for-loop")) -> pd.DataFrame:
     """The 02_optimizer_step table from :func:`time_optimizers`' rounds, one row per candidate:
     ``median_ms``, the median of its rounds' medians (what :func:`helpers.verdicts.rounds_table`
-    and :func:`helpers.verdicts.fastest_by_rounds` compare), the rounds' range and whether it
-    is ``stable`` (:func:`helpers.verdicts.round_stability`), the IQR of all its samples
+    and :func:`helpers.verdicts.fastest_by_rounds` compare), the rounds' range
+    (:func:`helpers.verdicts.round_stability`), the IQR of all its samples
     (``q1_ms``, ``q3_ms``), bandwidth and speed-ups.
 
     Bandwidth counts each candidate's minimum bytes (meta ``bytes_per_step``), whatever the
@@ -249,8 +249,7 @@ def step_table(timings: dict[str, list[bench.Timing]], numel: int, copy_gbps: fl
                    rounds=int(stability.loc[t.label, "rounds"]),
                    round_min_ms=stability.loc[t.label, "min_ms"],
                    round_max_ms=stability.loc[t.label, "max_ms"],
-                   round_range_pct=stability.loc[t.label, "range_pct"],
-                   stable=bool(stability.loc[t.label, "stable"]))
+                   round_range_pct=stability.loc[t.label, "range_pct"])
         rows.append(row)
     df = pd.DataFrame(rows)
     df["bytes_per_param"] = df["bytes_per_step"] / numel
@@ -258,7 +257,7 @@ def step_table(timings: dict[str, list[bench.Timing]], numel: int, copy_gbps: fl
                   for b, ms in zip(df["bytes_per_step"], df["median_ms"], strict=True)]
     df["pct_of_copy_ceiling"] = [ceilings.pct_of(g, copy_gbps) for g in df["gbps"]]
     cols = ["candidate", "median_ms", "q1_ms", "q3_ms", "iqr_ms", "rounds", "round_min_ms",
-            "round_max_ms", "round_range_pct", "stable", "gbps", "pct_of_copy_ceiling"]
+            "round_max_ms", "round_range_pct", "gbps", "pct_of_copy_ceiling"]
     for base in baselines:
         ref = df.loc[df["candidate"] == base, "median_ms"]
         if not ref.empty:
