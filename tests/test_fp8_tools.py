@@ -38,7 +38,8 @@ def test_gpu_time_without_setup_is_unchanged():
 def test_a_row_is_launch_bound_when_issuing_clearly_takes_longer_than_its_gpu_time():
     gpu = _timing([0.20, 0.21, 0.20, 0.21, 0.20])
     assert fp8.launch_bound(0.60, gpu)  # the host's 0.6 ms to issue 0.2 ms of GPU work
-    assert fp8.launch_bound(0.25, gpu)  # 25% longer, outside the GPU time's IQR
+    assert fp8.launch_bound(0.27, gpu)  # 29% longer than its third quartile
+    assert not fp8.launch_bound(0.25, gpu)  # 19% longer: a re-run's host may be that much faster
     # the H200 run's 768x768 bf16 row: issued in 0.187 ms, run in 0.186 - a tie, not a finding
     assert not fp8.launch_bound(0.187, _timing([0.185, 0.186, 0.186, 0.186, 0.187]))
     assert not fp8.launch_bound(0.15, gpu)  # issued faster than it runs: the host runs ahead

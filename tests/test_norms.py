@@ -353,8 +353,11 @@ def test_overlapping_rounds_are_no_speedup_per_call():
     row = _ranked(call).iloc[0]
     assert row["call_verdict"] == "tie" and row["call_fastest"] == "torch = apex Fused"
     assert row["eager_call_verdict"] == "tie"
+    # apex's rounds range 50% (the host changed speed): still read round by round, a tie
     wobbly = dict(call, **{"apex FusedLayerNorm": [0.66, 0.99, 0.67, 0.66, 0.66]})
-    assert _ranked(wobbly).iloc[0]["call_verdict"] == "unstable"  # a range over 25%
+    assert _ranked(wobbly).iloc[0]["call_verdict"] == "tie"
+    steady = dict(call, **{"torch LayerNorm": [0.45, 0.62, 0.50, 0.52, 0.50]})  # wins all 5
+    assert _ranked(steady).iloc[0]["call_verdict"].startswith("faster ")
     ranks = _ranked(call)
     assert norms.clear_wins(ranks).loc["no clear winner", "call"] == 1
 
@@ -403,7 +406,7 @@ def test_call_rounds_time_every_candidate_in_every_round():
     assert all(len(ms) == 2 for r in call.values() for ms in r.values())
     frame = norms.rounds_frame(call)
     assert list(frame.columns[:4]) == ["norm", "dtype", "pass", "candidate"]
-    assert len(frame) == 4 and "stable" in frame.columns
+    assert len(frame) == 4 and "range_pct" in frame.columns and "stable" not in frame.columns
 
 
 @pytest.mark.notebook
@@ -425,7 +428,7 @@ def test_smoke_run_prints_no_reading_that_cannot_mean_anything_there(smoke_run):
     timing = pd.read_csv(out / "results" / "03_norm_timings.csv")
     assert len(ranks) == timing.groupby(norms.VERDICT_KEYS).ngroups
     rounds = pd.read_csv(out / "results" / "03_call_rounds.csv")
-    assert len(rounds) == len(timing) and "stable" in rounds.columns
+    assert len(rounds) == len(timing) and "range_pct" in rounds.columns
     if norms.one_candidate(timing):
         assert set(ranks.filter(like="_verdict").to_numpy().ravel()) == {norms.NO_RIVAL}
         assert not [t for t in texts if "no clear winner" in t or "tied_with_fastest" in t]

@@ -829,7 +829,8 @@ def test_the_timing_rounds_stop_once_settled_and_flag_each_wrapper():
     drifting = {"plain": [60.0, 62.0, 64.0, 66.0], "ddp": [60.0, 66.0, 72.0, 80.0]}
     assert not scaling.settled(drifting)
     row = scaling.rounds_table(drifting).iloc[0]
-    assert not row["settled"] and not row["stable"] and row["verdict"] == "unstable"
+    assert not row["settled"] and not row["stable"]
+    assert row["verdict"] == "cannot tell apart"  # the first round level with plain's
     assert row["own_drift_pct"] == pytest.approx(100 / 3)
     assert row["baseline_drift_pct"] == pytest.approx(10)
 

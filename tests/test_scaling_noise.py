@@ -193,7 +193,7 @@ def test_each_wrapper_gets_its_own_stability_flag():
     assert table.loc["ddp", "settled"] and table.loc["ddp", "stable"], table.loc["ddp"]
     assert table.loc["ddp", "label"] == "tie"  # every round within 3% of plain's
     assert not table.loc["fsdp2", "settled"] and not table.loc["fsdp2", "stable"]
-    assert table.loc["fsdp2", "verdict"] == "unstable"
+    assert table.loc["fsdp2", "verdict"] == "cannot tell apart"  # round 1 within 3% of plain
     assert not scaling.settled(SWINGING)  # the stop rule waits for every wrapper
     assert scaling.settled_each(SWINGING) == {"ddp": True, "fsdp2": False}
 

@@ -316,28 +316,28 @@ def norm_choice(gpu_rounds: dict[str, list[float]], call_rounds: dict[str, list[
                 baseline: str) -> pd.DataFrame:
     """One row per norm timed in interleaved rounds two ways (name -> each round's median, ms):
     ``gpu`` with the GPU's work alone (the host queued ahead, as in a busy training step) and
-    ``call`` with the host's time to issue it included; each with its stability flag and its
-    verdict against ``baseline`` (:func:`helpers.verdicts.label` of
+    ``call`` with the host's time to issue it included; each with its rounds' range (percent of
+    their median) and its verdict against ``baseline`` (:func:`helpers.verdicts.label` of
     :func:`helpers.verdicts.rounds_table`: 'faster 1.13x' is the baseline's time over this
     one's)."""
     rows = []
     for how, rounds in (("gpu", gpu_rounds), ("call", call_rounds)):
-        stable = verdicts.round_stability(rounds).set_index("candidate")
+        spread = verdicts.round_stability(rounds).set_index("candidate")
         pairs = verdicts.rounds_table(rounds, [(n, baseline) for n in rounds if n != baseline])
         labels = dict(zip(pairs["candidate"], pairs["label"], strict=True))
         for name in rounds:
-            rows.append({"norm": name, "how": how, "ms": float(stable.loc[name, "median_ms"]),
-                         "stable": bool(stable.loc[name, "stable"]),
+            rows.append({"norm": name, "how": how, "ms": float(spread.loc[name, "median_ms"]),
+                         "range_pct": float(spread.loc[name, "range_pct"]),
                          "vs_baseline": "baseline" if name == baseline else labels[name]})
     long = pd.DataFrame(rows)
-    wide = long.pivot(index="norm", columns="how", values=["ms", "stable", "vs_baseline"])
+    wide = long.pivot(index="norm", columns="how", values=["ms", "range_pct", "vs_baseline"])
     wide.columns = [f"{how}_{what}" for what, how in wide.columns]
     wide = wide.reindex(list(gpu_rounds)).reset_index()
-    wide = wide.astype({"gpu_ms": float, "call_ms": float, "gpu_stable": bool,
-                        "call_stable": bool})
+    wide = wide.astype({"gpu_ms": float, "call_ms": float, "gpu_range_pct": float,
+                        "call_range_pct": float})
     return wide[
-        ["norm", "gpu_ms", "gpu_vs_baseline", "gpu_stable", "call_ms", "call_vs_baseline",
-         "call_stable"]]
+        ["norm", "gpu_ms", "gpu_vs_baseline", "gpu_range_pct", "call_ms", "call_vs_baseline",
+         "call_range_pct"]]
 
 
 def pick_norm(gpu_rounds: dict[str, list[float]], call_rounds: dict[str, list[float]],

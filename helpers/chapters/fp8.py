@@ -298,16 +298,16 @@ def rel_error(a: torch.Tensor, reference: torch.Tensor) -> float:
 
 # ------------------------------------------------------------------ the width sweep
 def launch_bound(issue_ms: float, timing: bench.Timing) -> bool:
-    """True when the host takes longer to issue one call (``issue_ms``: its own clock around
-    the call, the GPU held busy so nothing waits for it) than the GPU takes to run it
-    (``timing``'s median), by more than the course's tie rule allows (the GPU time's IQR and
-    :data:`helpers.verdicts.TIE_FRACTION`): then back-to-back calls leave the GPU waiting for
-    the host. Two times that cannot be told apart are not a finding. On the CPU the host does
-    the work itself (issuing is running): never launch-bound."""
+    """True when the host takes clearly longer to issue one call (``issue_ms``: its own clock
+    around the call, the GPU held busy so nothing waits for it) than the GPU takes to run it:
+    by more than :data:`helpers.verdicts.HOST_MARGIN` of the GPU time's third quartile
+    (:func:`helpers.verdicts.host_bound`). Then back-to-back calls leave the GPU waiting for the
+    host. The host's pace moves between runs, so an issue time near the GPU time is read as
+    neither. On the CPU the host does the work itself (issuing is running): never
+    launch-bound."""
     if timing.device != "cuda" or not (math.isfinite(issue_ms) and timing.median_ms > 0):
         return False
-    return issue_ms > timing.median_ms and not verdicts.is_tie(
-        issue_ms, timing.median_ms, b_iqr=(timing.q1_ms, timing.q3_ms))
+    return verdicts.host_bound(issue_ms, timing.median_ms, timing.q3_ms)
 
 
 class HostClock:
@@ -350,7 +350,7 @@ def time_case(linear: nn.Module, in_features: int, out_features: int, tokens: in
     the median of back-to-back calls, host included; ``issue_ms`` the host's own time to issue
     one call (:class:`HostClock` around the last ``repeats`` calls, those ``gpu_time`` makes
     behind its GPU hold; on the CPU, its only timed calls: the whole call), and
-    ``launch_bound`` whether issuing clearly takes longer than the GPU work (the tie rule)
+    ``launch_bound`` whether issuing clearly takes longer than the GPU work
     (:func:`launch_bound`). The first call (compilation, if any) is timed apart on the host's
     clock (``first_s``); ``count`` adds the kernels of one call."""
     gen = torch.Generator(device=device).manual_seed(seed)

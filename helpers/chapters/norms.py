@@ -243,16 +243,16 @@ def time_entry(e: Entry, x: torch.Tensor, dy: torch.Tensor, pass_: str, copy_gbp
                warmup: int, repeats: int) -> dict:
     """One timing row: GPU time (median, IQR; :func:`helpers.bench.gpu_time`), ``call_ms`` (the
     median of back-to-back calls, host included; the same timing on the CPU), ``launch_bound``
-    (call_ms clearly above the GPU time by :func:`helpers.verdicts.is_tie`, read against the GPU
-    time's IQR), bytes, GB/s and the share of the copy ceiling."""
+    (call_ms above the GPU time's third quartile by more than
+    :data:`helpers.verdicts.HOST_MARGIN`: :func:`helpers.verdicts.host_bound`), bytes, GB/s and
+    the share of the copy ceiling."""
     t, call_ms = bench.gpu_time(step_fn(e.module, x, dy, pass_), x.device, warmup=warmup,
                                 repeats=repeats, label=e.name)
     tokens, hidden = x.shape
     vectors = sum(p.numel() * p.element_size() for p in params_of(e.module))
     nbytes = norm_bytes(tokens, hidden, x.element_size(), e.cfg.w_dtype.itemsize, vectors, pass_)
     gbps = ceilings.bandwidth_gbps(nbytes, t.median_ms)
-    launch_bound = call_ms > t.median_ms and not verdicts.is_tie(
-        call_ms, t.median_ms, b_iqr=(t.q1_ms, t.q3_ms))  # a noisy GPU time proves nothing
+    launch_bound = verdicts.host_bound(call_ms, t.median_ms, t.q3_ms)
     return {"norm": e.norm, "candidate": e.name, "dtype": e.cfg.label, "pass": pass_,
             "median_ms": t.median_ms, "q1_ms": t.q1_ms, "q3_ms": t.q3_ms, "iqr_ms": t.iqr_ms,
             "call_ms": call_ms, "launch_bound": launch_bound, "gbps": gbps,
@@ -355,11 +355,11 @@ def call_rounds(entries: list[Entry], inputs: dict, *, rounds: int, warmup: int,
 
 def rounds_frame(call: Rounds) -> pd.DataFrame:
     """The 03_call_rounds table: :func:`helpers.verdicts.round_stability` of every group (each
-    candidate's median over the rounds, its range and its own ``stable`` flag)."""
+    candidate's median over the rounds and their range)."""
     import pandas as pd
 
-    frames = [verdicts.round_stability(r).assign(norm=k[0], dtype=k[1], **{"pass": k[2]})
-              for k, r in call.items()]
+    frames = [verdicts.round_stability(r).drop(columns="stable")
+              .assign(norm=k[0], dtype=k[1], **{"pass": k[2]}) for k, r in call.items()]
     table = pd.concat(frames, ignore_index=True)
     return table[[*VERDICT_KEYS, *(c for c in table.columns if c not in VERDICT_KEYS)]]
 
@@ -369,16 +369,14 @@ NO_RIVAL = "one candidate"  # the verdict of a row with nothing to rank
 
 def _by_rounds(r: dict[str, list[float]]) -> tuple[str, str]:
     """The fastest family per call ('A = B' where the rounds cannot separate them) and its
-    verdict against the runner-up: 'faster 1.40x' only when every round agrees, 'tie', or
-    'unstable' when a candidate's rounds range too wide (:func:`helpers.verdicts.rounds_table`)."""
+    verdict against the runner-up: 'faster 1.40x' only when every round agrees, else 'tie'
+    (:func:`helpers.verdicts.rounds_table`)."""
     if len(r) < 2:
         return family(next(iter(r))), NO_RIVAL
     best, _ = verdicts.fastest_by_rounds(r)
     pairs = verdicts.rounds_table(r, [(best, other) for other in r if other != best])
     tied = pairs[pairs["verdict"] == verdicts.TIE_WORD]["vs"]
     fastest = " = ".join(family(n) for n in [best, *tied])
-    if (pairs["verdict"] == "unstable").any():
-        return fastest, "unstable"
     if len(tied):
         return fastest, verdicts.label(verdicts.TIE_WORD)
     return fastest, str(pairs.loc[pairs["speedup"].idxmin(), "label"])
@@ -428,7 +426,7 @@ def rankings(verdict: pd.DataFrame, call: Rounds, compiled: set[str]) -> pd.Data
 def clear_wins(ranks: pd.DataFrame) -> pd.DataFrame:
     """Family x ranking (:data:`RANKINGS`): the rows of ``ranks`` (:func:`rankings`) where that
     family is clearly fastest (its verdict 'faster ...'), and 'no clear winner': the rows tied,
-    unstable, too noisy or with one candidate. Every count of the summary comes from here."""
+    too noisy or with one candidate. Every count of the summary comes from here."""
     import pandas as pd
 
     counts = {}
