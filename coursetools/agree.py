@@ -60,15 +60,17 @@ class Cell:
 
 
 def _row_name(df, i: int) -> str:
-    """A row's name: its leading non-verdict text cells (the row's key), else its number."""
+    """A row's name: its first text cells outside the verdict columns (the row's key: candidate,
+    dtype, pass...), else its number. ``df`` is the table as read with its own dtypes."""
     import pandas as pd
 
     parts = []
     for col in df.columns:
-        if VERDICT_COLUMN.match(str(col)):
+        if VERDICT_COLUMN.match(str(col)) or pd.api.types.is_numeric_dtype(df[col]) \
+                or pd.api.types.is_bool_dtype(df[col]):
             continue
         v = df.iloc[i][col]
-        if isinstance(v, str) and not pd.api.types.is_numeric_dtype(df[col]):
+        if isinstance(v, str):
             parts.append(v)
         if len(parts) == 3:
             break
@@ -94,8 +96,9 @@ def compare(a_dir: Path, b_dir: Path) -> tuple[list[Cell], list[str]]:
             skipped.append(f"{name}: {len(a)} rows in one run, {len(b)} in the other")
             continue
         table = name.removesuffix(".csv")
+        typed = pd.read_csv(a_path)
         for i in range(len(a)):
-            row = _row_name(a, i)
+            row = _row_name(typed, i)
             for col in columns:
                 cells.append(Cell(table, row, str(col), verdict_of(a.iloc[i][col], True),
                                   verdict_of(b.iloc[i][col], True)))

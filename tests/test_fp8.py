@@ -296,6 +296,14 @@ def test_the_crossover_and_the_faster_widths_follow_the_numbers():
     assert fp8.faster_widths(never, "tensorwise") == {768: False, 2048: True, 4096: False}
 
 
+def test_a_width_the_recipe_skipped_is_left_out_not_read_as_slower():
+    # rowwise timed at every other width: 1536 has bf16 alone, so it is no reading at all
+    sweep = _sweep({768: 1.3, 2048: 0.8, 4096: 0.7})
+    sweep = pd.concat([sweep, _sweep({1536: 1.0})[lambda d: d["recipe"] == "bf16"]])
+    assert fp8.faster_widths(sweep, "tensorwise") == {768: False, 2048: True, 4096: True}
+    assert fp8.crossover(sweep, "tensorwise") == 2048
+
+
 # ------------------------------------------------------------------ end to end and verdict
 def _run(label, ms, val_loss, mem=2.0, spread=0.01, steps=20):
     losses = [5.5 - 3.0 * i / steps for i in range(steps)]

@@ -413,13 +413,14 @@ def _faster(row: pd.Series, base: pd.Series) -> bool:
 
 
 def faster_widths(sweep: pd.DataFrame, recipe: str) -> dict[int, bool]:
-    """For each square width measured: is ``recipe`` faster than bf16 there (tie rule)?"""
+    """For each square width where both ``recipe`` and bf16 were measured: is ``recipe`` faster
+    than bf16 there (tie rule)? A width not measured for the recipe is left out, never read
+    as 'not faster'."""
     square = sweep[sweep["kind"] == "square"].set_index(["in_features", "recipe"])
     result = {}
     for width in sorted(sweep.loc[sweep["kind"] == "square", "in_features"].unique()):
-        pair = [(width, r) in square.index for r in (recipe, "bf16")]
-        result[int(width)] = all(pair) and _faster(square.loc[(width, recipe)],
-                                                   square.loc[(width, "bf16")])
+        if all((width, r) in square.index for r in (recipe, "bf16")):
+            result[int(width)] = _faster(square.loc[(width, recipe)], square.loc[(width, "bf16")])
     return result
 
 
