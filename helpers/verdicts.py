@@ -43,8 +43,8 @@ def too_noisy(ms: float, iqr: tuple[float, float] | None, limit: float = SPREAD_
 
 
 # The host sets the pace of back-to-back calls only when it takes clearly longer than the GPU:
-# by more than this share of the GPU time. Host times move between runs (a busier or slower
-# host minute) far more than GPU times do, so a host time near the GPU time is read as neither.
+# by more than this share of the GPU time. A host's pace depends on whatever else the machine
+# does (no run controls it), so a host time near the GPU time is read as neither.
 HOST_MARGIN = 0.25
 
 

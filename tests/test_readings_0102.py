@@ -90,14 +90,21 @@ GAP = {"back to back, repeats 1-5": 0.010, "back to back, repeats 21-25": 0.0101
        "idle 50 ms before each repeat": 0.0130}
 
 
-def table_01(space: dict) -> pd.DataFrame:
-    """Run 01's section 6 verdict and display cells: they print nothing and display one table
-    (condition, ..., vs, label, why, too_noisy), returned indexed by condition."""
-    sources = [cell("01_environment_and_apex_build.ipynb", "flagged = any("),
-               cell("01_environment_and_apex_build.ipynb", "hidden = [")]
+def shown_01(space: dict, starts: tuple[str, ...], saved: str, key: str) -> pd.DataFrame:
+    """Run 01's cells that start with ``starts``: they print nothing, save ``saved`` (the
+    namespace's ``key``) and display one table, returned indexed by its first column."""
+    sources = [cell("01_environment_and_apex_build.ipynb", s) for s in starts]
     assert run(sources, space) == ""
-    assert SAVED["01_ceiling_gap_verdicts"] is space["gap_verdicts"]
-    return SHOWN[-1].set_index("condition")
+    assert SAVED[saved] is space[key]
+    shown = SHOWN[-1]
+    return shown.set_index(shown.columns[0])
+
+
+def table_01(space: dict) -> pd.DataFrame:
+    """Run 01's section 6 verdict and display cells: one table (condition, ..., vs, label,
+    why, too_noisy), indexed by condition."""
+    return shown_01(space, ("flagged = any(", "hidden = ["), "01_ceiling_gap_verdicts",
+                    "gap_verdicts")
 
 
 def test_01_table_hides_percentages_the_ceiling_check_flagged():
@@ -159,11 +166,8 @@ def timing_01(space: dict, naive_ms: float, synced_ms: float, benchmark_ms: floa
     space.update(naive_ms=naive_ms, synced_ms=synced_ms, helper_ms=benchmark_ms, torch=torch,
                  timing=timing("bench.benchmark", benchmark_ms), dtype=torch.bfloat16,
                  matmul_tflop=ceilings.matmul_flops(1024, 1024, 1024) / 1e12)
-    sources = [cell("01_environment_and_apex_build.ipynb", "ceiling_key = "),
-               cell("01_environment_and_apex_build.ipynb", "# each method against bench")]
-    assert run(sources, space) == ""
-    assert SAVED["01_timing_demo"] is space["timing_table"]
-    return SHOWN[-1].set_index("method")
+    return shown_01(space, ("ceiling_key = ", "# each method against bench"), "01_timing_demo",
+                    "timing_table")
 
 
 def test_01_section_5_reads_the_naive_timer_against_bench_benchmark():
