@@ -13,13 +13,14 @@ import pytest
 from helpers import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-# the child starts one process in its group and, with OWN, one in a session of its own (as
-# torchrun's ranks: out of reach once the child has exited, so only the deadline case has it)
-SPAWNS = """import os, subprocess, sys, time
+# a child, a process in its group, with OWN one in a session of its own (as torchrun's ranks),
+# and a temporary folder (as torchelastic's)
+SPAWNS = """import json, os, subprocess, sys, tempfile, time
 sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
 pids = [os.getpid(), subprocess.Popen(sleep).pid]
 if OWN: pids.append(subprocess.Popen(sleep, start_new_session=True).pid)
-print(*pids, flush=True)
+made = tempfile.mkdtemp(prefix="torchelastic_")
+print(json.dumps([pids, made, os.environ["TORCHINDUCTOR_CACHE_DIR"]]), flush=True)
 """
 
 
@@ -29,7 +30,7 @@ def _script(path: Path, body: str) -> Path:
 
 
 def _alive_after(pids: list[int], within: float = 5.0) -> list[int]:
-    """The ``pids`` still running after ``within`` s (then killed, by id); zombies count as gone."""
+    """The ``pids`` still running after ``within`` s (then killed, by id); zombies are gone."""
     def gone(pid: int) -> bool:
         try:
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
@@ -45,17 +46,20 @@ def _alive_after(pids: list[int], within: float = 5.0) -> list[int]:
 
 
 @pytest.mark.parametrize("own, tail, timeout, error", [
-    (True, "time.sleep(60)", 3, launch.PAST_LIMIT.format(timeout=3)),
+    (True, "time.sleep(60)", 2, launch.PAST_LIMIT.format(timeout=2)),
     (False, "{}['missing']", 30, "the child process exited with 1; its last error: KeyError: "
                                  "'missing'")])
-def test_a_child_past_its_deadline_or_failing_leaves_no_process_behind(tmp_path, own, tail,
-                                                                       timeout, error):
+def test_a_child_past_its_deadline_or_failing_leaves_no_process_or_folder_behind(
+        tmp_path, monkeypatch, own, tail, timeout, error):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     script = _script(tmp_path / "child.py", SPAWNS.replace("OWN", str(own)) + tail + "\n")
     result = launch.run(launch.python(script), {}, tmp_path / "o.json", timeout=timeout)
     assert result.error == error and result.seconds < 20 and result.payload == {}
     assert result.returncode == (-signal.SIGTERM if own else 1)
-    pids = [int(p) for p in result.stdout.split()]
+    pids, made, cache = json.loads(result.stdout)
     assert len(pids) == 2 + own and _alive_after(pids) == [], result.stdout
+    assert Path(made).parent.name.startswith("course-launch-") and not Path(made).parent.exists()
+    assert Path(cache).parent == Path(launch.tempfile.gettempdir())  # torch.compile's cache stays
 
 
 def test_every_failure_is_one_sentence(tmp_path):
@@ -122,19 +126,3 @@ def test_the_plan_reaches_the_child_with_the_checkout_first_on_its_path(tmp_path
     assert Path(plain.payload["helpers"]) == ROOT / "helpers" / "__init__.py"
     assert plain.payload["cwd"] == str(ROOT) and first.payload["legacy"] == "here"
     assert "HOME" not in env
-
-
-def test_a_launch_removes_the_temporary_folders_its_children_made(tmp_path, monkeypatch):
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    script = _script(tmp_path / "temps.py", """\
-        import json, os, sys, tempfile, time
-        made = tempfile.mkdtemp(prefix="torchelastic_")
-        print(json.dumps([made, os.environ["TORCHINDUCTOR_CACHE_DIR"]]), flush=True)
-        time.sleep(float(sys.argv[1]))
-    """)
-    for sleep, timeout in ((0, 30), (60, 2)):  # TMPDIR is the launch's, removed after it
-        result = launch.run(launch.python(script, [str(sleep)]), {}, tmp_path / "o.json",
-                            timeout=timeout)
-        made, cache = map(Path, json.loads(result.stdout))
-        assert made.parent.name.startswith("course-launch-") and not made.parent.exists()
-        assert cache.parent == Path(launch.tempfile.gettempdir())  # torch.compile's cache stays
