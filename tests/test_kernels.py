@@ -23,10 +23,6 @@ def test_short_name_drops_templates():
     assert len(kernels.short_name("x" * 100, width=10)) == 10
 
 
-def test_hold_gpu_is_a_no_op_on_the_cpu():
-    assert bench.hold_gpu("cpu") is None
-
-
 def test_gpu_time_on_the_cpu_is_one_timing_used_twice():
     calls = []
     timing, call_ms = bench.gpu_time(lambda: calls.append(1), "cpu", warmup=1, repeats=3)
@@ -38,7 +34,3 @@ def test_oom_exit_turns_oom_into_one_sentence():
     with pytest.raises(errors.CourseError, match="Out of GPU memory while testing"):
         with errors.oom_exit("testing"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-
-
-

@@ -1,5 +1,6 @@
 """Notebook 03's helpers: configs, bytes, the float64 reference, factories, rounds, answers."""
 
+import nbformat
 import pandas as pd
 import pytest
 import torch
@@ -11,14 +12,6 @@ from helpers.chapters import norms
 
 EPS = 1e-5
 
-PLAIN = {
-    "LayerNorm": {"torch LayerNorm": lambda h, cfg, dev: nn.LayerNorm(
-        h, eps=EPS, device=dev, dtype=cfg.w_dtype)},
-    "RMSNorm": {"torch RMSNorm": lambda h, cfg, dev: nn.RMSNorm(
-        h, eps=EPS, device=dev, dtype=cfg.w_dtype)},
-}
-
-
 class NormThenCast(nn.Module):
     def __init__(self, norm, out_dtype):
         super().__init__()
@@ -28,12 +21,16 @@ class NormThenCast(nn.Module):
         return self.norm(x).to(self.out_dtype)
 
 
-MIXED = {
-    "LayerNorm": {"torch LayerNorm + cast": lambda h, cfg, dev: NormThenCast(
-        nn.LayerNorm(h, eps=EPS, device=dev), cfg.w_dtype)},
-    "RMSNorm": {"torch RMSNorm + cast": lambda h, cfg, dev: NormThenCast(
-        nn.RMSNorm(h, eps=EPS, device=dev), cfg.w_dtype)},
-}
+def _plain(cls):
+    return lambda h, cfg, dev: cls(h, eps=EPS, device=dev, dtype=cfg.w_dtype)
+
+
+def _mixed(cls):
+    return lambda h, cfg, dev: NormThenCast(cls(h, eps=EPS, device=dev), cfg.w_dtype)
+
+
+PLAIN = {n: {f"torch {n}": _plain(getattr(nn, n))} for n in ("LayerNorm", "RMSNorm")}
+MIXED = {n: {f"torch {n} + cast": _mixed(getattr(nn, n))} for n in ("LayerNorm", "RMSNorm")}
 
 
 def test_configs_per_device():
@@ -43,17 +40,10 @@ def test_configs_per_device():
     assert cuda == ["fp32", "bf16", "fp16", "fp32->bf16", "fp32->fp16"]
     assert [c.label for c in norms.configs_for("cuda", bf16=False)] == [
         "fp32", "fp16", "fp32->fp16"]
-    mixed = norms.Config("fp32", "bf16")
-    assert mixed.mixed and mixed.x_dtype == torch.float32 and mixed.w_dtype == torch.bfloat16
 
 
-def test_bytes_counted():
+def test_mixed_bytes_count_x_and_dx_in_fp32_and_y_and_dy_in_bf16():  # fp32: test_timings
     n, h = 1024, 4096
-    # forward: read x + write y (2 B each) + weight and bias (2 B each)
-    assert norms.norm_bytes(n, h, 2, 2, 2 * h * 2, "forward") == 2 * n * h * 2 + 2 * h * 2
-    # forward+backward: 5 passes over N*H plus 3 passes over the affine vectors
-    assert norms.norm_bytes(n, h, 2, 2, h * 2, "forward+backward") == 5 * n * h * 2 + 3 * h * 2
-    # mixed: x, dx in fp32; y, dy in bf16
     assert norms.norm_bytes(n, h, 4, 2, h * 2, "forward+backward") == (
         n * h * (4 + 2) + n * h * (2 * 4 + 2) + 3 * h * 2)
 
@@ -169,17 +159,14 @@ def test_timings_and_sweep_produce_the_saved_columns_and_bytes():
     assert all(r["bytes"] == expected[(r.norm, r["pass"])] for _, r in table.iterrows())
 
 
+APEX_LN = "apex FusedLayerNorm"
+
+
 def test_rounding_table_compares_apex_with_torch_per_dtype():
     table = pd.DataFrame([
-        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "torch LayerNorm", "tensor": "y",
-         "max_rel_err": 2e-3},
-        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "apex FusedLayerNorm", "tensor": "y",
-         "max_rel_err": 6e-3},
-        {"norm": "LayerNorm", "dtype": "bf16", "candidate": "apex FusedLayerNorm", "tensor": "dx",
-         "max_rel_err": 9e-1},
-        {"norm": "LayerNorm", "dtype": "fp32", "candidate": "apex FusedLayerNorm", "tensor": "y",
-         "max_rel_err": 1e-7},
-    ])
+        {"norm": "LayerNorm", "dtype": d, "candidate": c, "tensor": t, "max_rel_err": e}
+        for d, c, t, e in (("bf16", "torch LayerNorm", "y", 2e-3), ("bf16", APEX_LN, "y", 6e-3),
+                           ("bf16", APEX_LN, "dx", 0.9), ("fp32", APEX_LN, "y", 1e-7))])
     rows = norms.rounding_table(table).to_dict("records")
     assert rows == [{"norm": "LayerNorm", "dtype": "bf16", "apex_y_err": 6e-3,
                      "torch_y_err": 2e-3, "apex_over_torch": pytest.approx(3.0)}]
@@ -245,8 +232,6 @@ def test_group_rounds_time_every_candidate_of_the_dtypes_asked_in_every_round():
 @pytest.mark.notebook
 @pytest.mark.smoke("03")
 def test_the_smoke_run_saves_every_question_even_where_it_measures_none(smoke_run):
-    import nbformat
-
     out, runs = smoke_run
     run = runs["03_fused_layernorm_rmsnorm.ipynb"]
     executed = nbformat.read(run.output, as_version=4)

@@ -1,5 +1,7 @@
 """Notebook 02's chapter module: the workload, the checks and the tables, driven by factories."""
 
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -77,8 +79,7 @@ def test_step_bytes_follow_the_state_dtype():
     # torch keeps bf16 moments: 7 x 2 B
     assert chapter.step_bytes(_stepped(factories()["foreach"], torch.bfloat16)) == 14 * 10
 
-    class Fp32Moments(torch.optim.Optimizer):
-        """Apex FusedAdam's layout: fp32 moments whatever the parameter dtype."""
+    class Fp32Moments(torch.optim.Optimizer):  # Apex FusedAdam's: fp32 moments always
         def __init__(self, params):
             super().__init__(params, {})
 
@@ -108,32 +109,13 @@ def test_step_table_reads_the_rounds_and_each_candidates_own_bytes():
     assert list(table["bytes_per_param"]) == [28, 22]
 
 
-def test_time_optimizers_times_every_factory_and_records_its_bytes():
-    work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
-    timings = chapter.time_optimizers(native(), work, warmup=1, repeats=2, rounds=3,
-                                      steps={"no-op": lambda: None})
-    assert list(timings) == [*native(), "no-op"]
-    assert all(len(ts) == 3 and all(len(t.samples_ms) == 2 for t in ts)
-               for ts in timings.values())
-    assert [t.meta["round"] for t in timings["foreach"]] == [0, 1, 2]
-    assert {t.meta["bytes_per_step"] for name in native() for t in timings[name]} == {
-        28 * work.numel}
-    assert "bytes_per_step" not in timings["no-op"][0].meta
-    with pytest.raises(ValueError):
-        chapter.time_optimizers(native(), work, warmup=0, repeats=2)
-
-
-def test_time_optimizers_holds_one_candidates_state_at_a_time():
-    import gc
-    import weakref
-
+def test_time_optimizers_times_every_factory_fresh_and_holds_one_state_at_a_time():
     live, built, most = weakref.WeakSet(), [], [0]
 
     def tracked(factory):
         def make(p):
-            optimizer = factory(p)
-            live.add(optimizer)
-            built.append(optimizer.__class__)
+            live.add(optimizer := factory(p))
+            built.append(type(optimizer))
             return optimizer
         return make
 
@@ -143,11 +125,20 @@ def test_time_optimizers_holds_one_candidates_state_at_a_time():
 
     work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
     cands = {name: tracked(factory) for name, factory in native().items()}
-    chapter.time_optimizers(cands, work, warmup=1, repeats=1, rounds=2, steps={"probe": probe})
-    assert most[0] == 1  # the last candidate's, never two at once
-    assert len(built) == (1 + 2) * len(cands)  # fresh in every round, the discarded first too
+    timings = chapter.time_optimizers(cands, work, warmup=1, repeats=2, rounds=3,
+                                      steps={"probe": probe})
+    assert list(timings) == [*cands, "probe"] and most[0] == 1  # never two at once
+    assert all(len(ts) == 3 and all(len(t.samples_ms) == 2 for t in ts)
+               for ts in timings.values())
+    assert [t.meta["round"] for t in timings["foreach"]] == [0, 1, 2]
+    assert {t.meta["bytes_per_step"] for name in cands for t in timings[name]} == {
+        28 * work.numel}
+    assert "bytes_per_step" not in timings["probe"][0].meta
+    assert len(built) == (1 + 3) * len(cands)  # fresh in every round, the discarded first too
     gc.collect()
     assert len(live) == 0  # none kept after the timing
+    with pytest.raises(ValueError):
+        chapter.time_optimizers(native(), work, warmup=0, repeats=2)
 
 
 # ------------------------------------------------------------------ correctness
@@ -184,15 +175,9 @@ def test_kernel_counts_fall_with_fusion_on_cpu():
 
 
 def test_sweep_keeps_every_step_and_its_table_the_share_of_the_ceiling():
-    seen = []
-
-    def progress(it, desc=""):
-        seen.append(desc)
-        return it
-
     samples = chapter.tensor_count_sweep({"foreach": factories()["foreach"]}, 4096, [2, 32],
-                                         "cpu", warmup=1, repeats=3, progress=progress)
-    assert seen == ["tensor counts"] and len(samples) == 2 * 3  # one row per timed step
+                                         "cpu", warmup=1, repeats=3)
+    assert len(samples) == 2 * 3  # one row per timed step
     assert set(samples["bytes_per_step"]) == {28 * 4096}
     planted = samples.assign(ms=[1.0, 2.0, 3.0, 10.0, 20.0, 30.0])
     table = chapter.sweep_table(planted, copy_gbps=1.0).set_index("tensors")

@@ -24,7 +24,7 @@ CELLS = {cell.id: cell.source for cell in nbformat.read(NOTEBOOK, as_version=4).
 MAP, TOLERANCE = "22eb5177", "92fb4e2a"
 STATUS, OPTIONS, WARNINGS, FUSED = "23a14130", "375a777e", "00ff8fbe", "f5e0c7a1"
 RUNS, LEARN, STEPS, SPEED, FASTEST = "48c2c175", "2c8d5f61", "94bbfd23", "b7d3e2f4", "5c0e7d12"
-O3, SUMMARY = "5b8e2f47", "bb879cf6"
+SUMMARY = "bb879cf6"
 ANSWERING = (STATUS, OPTIONS, WARNINGS, FUSED, RUNS, LEARN, STEPS, SPEED, FASTEST, SUMMARY)
 DYNAMIC, STATIC = [65536.0] * 20, [1.0] * 20
 
@@ -145,6 +145,7 @@ def test_every_answer_reads_the_one_table_of_rounds(monkeypatch):
                                "apex.amp O2 without its fused kernels": "higher"}
     assert df.loc[df["unit"] == "GiB", "verdict"].tolist() == ["more"]
     assert any("runs that used them, loss for loss as without" in line for line in printed)
+    assert "runs ran: 8/8; failed: none" in printed[0] and ns["diff"] == 0.0
 
 
 @pytest.mark.parametrize("fp16_underflow, fastest", [
@@ -157,6 +158,7 @@ def test_the_fastest_recipe_is_chosen_among_those_that_keep_their_gradients(
     table = ns["run_table"].set_index("run")
     assert table.loc["apex.amp O3", "grads_lost_pct"] == fp16_underflow  # static scale 1
     assert table.loc["apex.amp O1", "grads_lost_pct"] == 0.0
+    assert not table.loc["apex.amp O3", "learned"]  # reported, not checked
     rows = _answers(ns).query("question.str.startswith('Is the fastest')")
     assert set(rows["candidate"]) == {fastest}
     assert rows["verdict"].tolist() == ["faster", "faster"]  # than fp32, than the runner-up
@@ -183,28 +185,8 @@ def test_without_the_legacy_install_its_answers_say_why_and_the_rest_are_measure
     (lambda ns: ns["legacy_runs"][-1].losses.__setitem__(19, 1.5), FUSED, None),  # O2 fused
     (lambda ns: ns["runs"].update(autocast_fp16=_run("torch.amp autocast_fp16", 1.5)), RUNS,
      "outside the tolerance")])
-def test_a_child_or_run_that_breaks_the_checks_stops_the_notebook(monkeypatch, plant, cell,
-                                                                 match):
-    ns = _namespace(monkeypatch)
-    (status,) = _read(ns, STATUS)
-    assert "runs ran: 8/8; failed: none" in status and ns["diff"] == 0.0
-    _read(ns, RUNS)  # O3 and the unscaled autocast are reported, not checked
-    assert not ns["shown"][0].set_index("run").loc["apex.amp O3", "learned"]
+def test_a_child_or_run_that_breaks_the_checks_stops_the_notebook(monkeypatch, plant, cell, match):
     ns = _namespace(monkeypatch)
     plant(ns)
     with pytest.raises(AssertionError, match=match):
         _read(ns, cell)
-
-
-def test_o3_sits_beside_the_adam_step_of_its_eps(monkeypatch):
-    ns = _namespace(monkeypatch)
-    ns["adam_steps"] = pd.DataFrame(
-        [{"eps": eps, "eps_in_fp16": float(torch.tensor(eps).half()), "gradient_kind": kind,
-          "weight_after_one_step": w}
-         for eps, ws in ((1e-8, (float("-inf"), float("nan"), -1e-4)), (1e-3, (-2.5e-5, 0, -1e-4)))
-         for kind, w in zip(("median", "zero", "large"), ws, strict=True)])
-    _read(ns, O3)
-    (table,) = ns["shown"]
-    assert table.loc[1e-8, "first_nonfinite_step"] == 10 and not table.loc[1e-8, "learned"]
-    assert table.loc[1e-8, "weight_after_median"] == float("-inf")
-    assert table.loc[1e-3, "vs_fp32_pct"] == pytest.approx(50.0)
