@@ -8,10 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import bench, gpt, kernels, verdicts
+from helpers import bench, errors, gpt, kernels, run_profile, verdicts
 from helpers.chapters import end_to_end
 
-CPU = torch.device("cpu")
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_end_to_end_transformer.ipynb"
 
 
@@ -24,47 +23,6 @@ def test_saved_bytes_counts_what_autograd_keeps():
     assert end_to_end.saved_bytes(lambda: torch.nn.Linear(16, 4)(x)) == 8 * 16 * 4  # not w
     norm = torch.nn.LayerNorm(16)  # the FP32 input, plus mean and 1/std per row
     assert end_to_end.saved_bytes(lambda: norm(x)) == 8 * 16 * 4 + 2 * 8 * 4
-
-
-# ------------------------------------------------------------------ where the time goes
-def _profiled_cpu_run() -> bench.Run:
-    data = gpt.load_corpus(cap_mb=0.5)
-    cfg = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=32)
-    torch.manual_seed(0)
-    model = gpt.GPT(cfg)
-    plan = gpt.BatchPlan.draw(data.train, steps=7, batch=4, seq_len=cfg.seq_len, seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-
-    def step(i):
-        loss = model(*plan.batch(i))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # foreach norm: "optimizer"
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    run = bench.train(step, 4, device=CPU, warmup=2, label="cpu")
-    more = iter(range(4, 7))  # profile_steps runs one untraced step first
-    run.extra["breakdown"] = kernels.profile_steps(lambda: step(next(more)), 2, CPU,
-                                                   per_step=("matmul",))
-    return run
-
-
-def test_profiler_breakdown_fits_in_the_traced_step():
-    run = _profiled_cpu_run()
-    b = run.extra["breakdown"]  # self times of operators one after another: within the step
-    assert 0 < b["kernel_ms"] <= b["traced_step_ms"] * 1.05
-    assert b["matmul_ms"] > 0 and b["optimizer_ms"] > 0
-    per_step = b["per_step_ms"]["matmul"]  # one sample per traced step, adding up to the mean
-    assert len(per_step) == 2 and sum(per_step) / 2 == pytest.approx(b["matmul_ms"])
-    failed = bench.Run("P2", "cpu", error="out of GPU memory (...)")
-    table = end_to_end.breakdown_table({"1": run, "2": failed})  # a failed path has no row
-    assert list(table["path"]) == ["1"] and table["gap_ms"].notna().all()
-    assert table.loc[0, "step_reference"] == "traced"
-    assert table.loc[0, "step_ms"] == b["traced_step_ms"]  # on the CPU: the traced step
-    ax = end_to_end.breakdown_chart(table)
-    assert len(ax.patches) == len(kernels.NAMES) + 1  # one bar segment per category + the gap
-    assert sum(p.get_height() for p in ax.patches) == pytest.approx(100)  # shares of the step
 
 
 # ------------------------------------------------------------------ the norm a step pays for
@@ -94,17 +52,13 @@ def _run(key, step_ms, *, norm=(), busy=1.0, val=2.0, mem=10.0):
     return run, {"path": key, "kernel_ms": busy * 50.0, "step_ms": 50.0}
 
 
-def _norm_runs(busy=0.99):
+def _in_step(busy, ran=True):
     (apex, a), (native, b) = (_run("2", [50] * 4, norm=[7.0, 7.1, 7.0, 7.05], busy=busy),
                               _run("3", [50] * 4, norm=[8.0, 8.1, 8.0, 8.05]))
-    return {"2": apex, "3": native}, pd.DataFrame([a, b])
-
-
-def _in_step(busy):
     answers = verdicts.Answers("05")
-    runs, breakdown = _norm_runs(busy)
-    end_to_end.answer_norm_in_step(answers, "In the step?", runs, "2", "3",
-                                   ("apex FusedLayerNorm", "torch LayerNorm"), breakdown)
+    end_to_end.answer_norm_in_step(answers, "In the step?", {"2": apex, "3": native} if ran
+                                   else {}, "2", "3", ("apex FusedLayerNorm", "torch LayerNorm"),
+                                   pd.DataFrame([a, b] if ran else []))
     return answers.table().iloc[0]
 
 
@@ -113,9 +67,7 @@ def test_the_norm_in_the_step_is_its_gpu_time_only_where_the_gpu_stayed_busy():
     assert busy["verdict"] == "faster" and busy["candidate_value"] == pytest.approx(7.025)
     idle = _in_step(0.80)  # the GPU waited 20% of the step: the host's time per call can decide
     assert idle["verdict"] == verdicts.HOST and "idle 20%" in idle["effect"]
-    answers = verdicts.Answers("05")
-    end_to_end.answer_norm_in_step(answers, "q?", {}, "2", "3", ("a", "b"), pd.DataFrame())
-    assert answers.table()["verdict"].tolist() == [verdicts.MISSING]
+    assert _in_step(0.99, ran=False)["verdict"] == verdicts.MISSING
 
 
 def test_the_paths_answer_speed_memory_and_loss_apart():
@@ -162,30 +114,27 @@ def opposite_advice(a03: pd.DataFrame, a05: pd.DataFrame) -> list[str]:
 
 
 def _advice(step, gpu, call):
-    a03 = pd.DataFrame({"question": ["Is Apex's fused LayerNorm faster than torch's on the GPU "
-                                     "(fp32->bf16)?", "Is an eager call of Apex's fused LayerNorm"
-                                     " faster than torch's (fp32->bf16)?"],
+    q = "Is Apex's fused LayerNorm faster than torch's {}(fp32->bf16)?"
+    a03 = pd.DataFrame({"question": [q.format("on the GPU "), q.format("")],
                         "measure": ["GPU time", "time per eager call"], "verdict": [gpu, call]})
-    a05 = pd.DataFrame({"question": ["Is Apex's fused LayerNorm faster than torch's inside the "
-                                     "eager training step (fp32->bf16)?"],
+    a05 = pd.DataFrame({"question": [q.format("inside the eager training step ")],
                         "measure": ["norm kernel time per step"], "verdict": [step]})
     return opposite_advice(a03, a05)
 
 
-def test_opposite_eager_advice_is_caught():
-    assert _advice("faster", "faster", verdicts.HOST) == []  # 03: depends; 05: what it paid
-    assert _advice("faster", "slower", verdicts.HOST) == []  # 03 points at 05 for the step
-    assert _advice("faster", "faster", "faster") == []
-    assert len(_advice("faster", "slower", "slower")) == 1  # opposite advice
-    assert len(_advice("slower", "faster", "faster")) == 1
-    assert len(_advice("faster", "slower", verdicts.SAME)) == 1
+@pytest.mark.parametrize("step, gpu, call, opposed", [
+    ("faster", "faster", verdicts.HOST, 0),  # 03: depends; 05: what it paid
+    ("faster", "slower", verdicts.HOST, 0),  # 03 points at 05 for the step
+    ("faster", "faster", "faster", 0), ("faster", "slower", "slower", 1),
+    ("slower", "faster", "faster", 1), ("faster", "slower", verdicts.SAME, 1)])
+def test_opposite_eager_advice_is_caught(step, gpu, call, opposed):
+    assert len(_advice(step, gpu, call)) == opposed
 
 
 @pytest.mark.notebook
 @pytest.mark.smoke("03", "05")
 def test_03_and_05_saved_answers_give_one_eager_advice(smoke_run):
-    """05's in-step norm answer finds 03's for its norm and dtype, never pointing the other way."""
-    out, runs = smoke_run
+    out, runs = smoke_run  # 05's in-step norm answer finds 03's, never pointing the other way
     runs["03_fused_layernorm_rmsnorm.ipynb"], runs["05_end_to_end_transformer.ipynb"]
     a03, a05 = (pd.read_csv(out / "results" / f"{n}_answers.csv") for n in ("03", "05"))
     keys = {q: SHAPE.search(q) for q in (*a03["question"], *a05["question"])}
@@ -195,24 +144,34 @@ def test_03_and_05_saved_answers_give_one_eager_advice(smoke_run):
     assert opposite_advice(a03, a05) == []
 
 
+@pytest.mark.notebook
+@pytest.mark.smoke("05")
+def test_05_profiled_steps_fit_their_kernel_time_in_the_traced_step(smoke_run):
+    out, runs = smoke_run
+    runs["05_end_to_end_transformer.ipynb"]
+    b = pd.read_csv(out / "results" / "05_time_breakdown.csv", dtype={"path": str})  # 1 and 3
+    assert len(b) == 2 and (b["step_reference"] == "traced").all()
+    assert (b["step_ms"] == b["traced_step_ms"]).all() and (b["matmul_ms"] > 0).all()
+    assert (b["kernel_ms"] > 0).all() and (b["kernel_ms"] <= b["traced_step_ms"] * 1.05).all()
+    ax = end_to_end.breakdown_chart(b)  # a bar per path: its categories and gap, in % of it
+    assert sum(p.get_height() for p in ax.patches) == pytest.approx(100 * len(b))
+    failed = bench.Run("P2", "cpu", error="out of GPU memory (...)")
+    assert end_to_end.breakdown_table({"2": failed}).empty  # a failed path has no row
+
+
 def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
-    cfg = gpt.GPT2_SMALL
-    tokens = 32768
-    fpt = gpt.flops_per_token(cfg)
+    cfg, tokens = gpt.GPT2_SMALL, 32768
     att = 6 * cfg.n_layer * cfg.d_model * cfg.seq_len
-    table = pd.DataFrame([
-        {"path": "3", "label": "native", "status": "ran", "step_ms": 60.0, "mfu": 0.3},
-        {"path": "4", "label": "compiled", "status": "ran", "step_ms": 50.0, "mfu": 0.38},
-    ])
-    # matmuls take 25 ms, attention 5 ms: rates follow from the counted FLOPs
-    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}
+    table = pd.DataFrame({"path": ["3", "4"], "label": ["native", "compiled"], "status": "ran",
+                          "step_ms": [60.0, 50.0], "mfu": [0.3, 0.38]})
+    row = {"path": "4", "step_ms": 50.0, "gap_ms": 1.0, "device": "cuda"}  # matmuls 25 ms
     row.update({f"{k}_ms": 4.0 for k in kernels.NAMES if k not in ("matmul", "attention")})
     row.update(matmul_ms=25.0, attention_ms=5.0)
     limits = end_to_end.mfu_limits(pd.DataFrame([row]), table, cfg, tokens, 989.0, 780.0)
     parts = limits.set_index("part")
     assert list(parts.index) == ["parameter matmuls", "attention", "everything else"]
-    assert set(limits["path"]) == {"4"}
-    mm_rate = (fpt - att) * tokens / 25e-3 / 1e12
+    assert set(limits["path"]) == {"4"}  # the fastest path
+    mm_rate = (gpt.flops_per_token(cfg) - att) * tokens / 25e-3 / 1e12
     assert parts.loc["parameter matmuls", "tflops"] == pytest.approx(mm_rate)
     assert parts.loc["parameter matmuls", "vs_burst_ceiling"] == pytest.approx(mm_rate / 780)
     assert parts.loc["attention", "vs_peak"] == pytest.approx(att * tokens / 5e-3 / 1e12 / 989)
@@ -222,10 +181,7 @@ def test_mfu_limits_accounts_for_the_step_from_the_breakdown():
 
 
 # ------------------------------------------------------------------ notebook 05's own values
-@pytest.mark.parametrize("name", ["noise_runs", "seed_runs"])
-def test_the_05_repeat_counts_follow_the_profile_and_zero_stops_in_one_sentence(name):
-    from helpers import errors, run_profile
-
+def test_the_05_repeat_counts_follow_the_profile_and_zero_stops_in_one_sentence():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     checks = next(c.source for c in nb.cells if "errors.check_parameters(" in c.source)
@@ -234,6 +190,7 @@ def test_the_05_repeat_counts_follow_the_profile_and_zero_stops_in_one_sentence(
         space = {"errors": errors, "resolve": lambda _n, p=profile: run_profile.Profile(p, "cpu")}
         exec(params + "\n" + checks, space)
         assert (space["noise_runs"], space["seed_runs"]) == (repeats, seeds), profile
-    space = {"errors": errors, "resolve": None}
-    with pytest.raises(errors.CourseError, match=f"^Parameter {name} = 0 must be int >= 1"):
-        exec(params.replace(f"{name} = None", f"{name} = 0") + "\n" + checks, space)
+    for name in ("noise_runs", "seed_runs"):
+        with pytest.raises(errors.CourseError, match=f"^Parameter {name} = 0 must be int >= 1"):
+            exec(params.replace(f"{name} = None", f"{name} = 0") + "\n" + checks,
+                 {"errors": errors, "resolve": None})

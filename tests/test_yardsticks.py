@@ -1,5 +1,4 @@
-"""One yardstick per question, fixed by the question (helpers.verdicts), and the interleaved
-rounds every host-bound answer reads."""
+"""One yardstick per question, fixed by the question, and the interleaved rounds."""
 
 import math
 
@@ -12,15 +11,10 @@ NOISE = verdicts.NoiseFloor(same_seed=(2.7225, 2.7230, 2.7239), other_seed=2.747
                             other_seeds=(2.7100, 2.7312))
 
 
-def test_the_floor_is_the_largest_same_seed_difference_relative_to_the_baseline():
-    noise = verdicts.NoiseFloor((2.40, 2.41, 2.404), other_seed=2.39, what="path 3")
-    assert noise.floor == pytest.approx(0.01 / 2.40)
-    assert noise.seed_spread == pytest.approx(0.01 / 2.40)
+def test_the_yardstick_is_fixed_by_the_question_not_by_the_larger_spread():
+    assert NOISE.floor == pytest.approx((2.7239 - 2.7225) / 2.7225)  # of the same-seed runs
     with pytest.raises(ValueError, match="at least twice"):
         verdicts.NoiseFloor((2.4,))
-
-
-def test_the_yardstick_is_fixed_by_the_question_not_by_the_larger_spread():
     repeat, name_r = verdicts.yardstick(NOISE, "repeat")
     seeds, name_s = verdicts.yardstick(NOISE, "numerics")
     assert name_r == verdicts.REPEAT and name_s == verdicts.SEEDS
