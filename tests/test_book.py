@@ -26,15 +26,6 @@ def test_a_run_without_answers_gets_one_line_on_the_landing_page(tmp_path):
     assert headline.no_answers(tmp_path) in page and "<table" not in page
 
 
-def test_stamp_says_not_recorded_and_colab_needs_a_github_repository():
-    summary = {"gpu_name": "NVIDIA H200", "notebooks": {"06_x.ipynb": {"seconds": 12.3}}}
-    stamp = book.run_stamp(summary, "06_x.ipynb")
-    assert stamp["GPU"] == "NVIDIA H200" and stamp["time"] == "12 s"
-    assert stamp["Apex commit"] == stamp["driver"] == stamp["course commit"] == book.NOT_RECORDED
-    assert book.colab_url("https://github.com/owner/course.git", "main", "05_x.ipynb") == (
-        "https://colab.research.google.com/github/owner/course/blob/main/notebooks/05_x.ipynb")
-
-
 def test_build_leaves_a_folder_that_is_not_a_book_alone(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()

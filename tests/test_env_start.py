@@ -15,7 +15,7 @@ NEEDS_GIT = pytest.mark.skipif(not (shutil.which("git") and shutil.which("make")
                                reason="needs git, make")
 
 # A Python @VERSION@: answers the version, torch (has_torch beside bin/) and missing-modules
-# probes ($FAKE_MISSING, then $FAKE_BROKEN until FAKE_FIXES=1 repairs), logs venv and pip.
+# probes ($FAKE_MISSING of those asked, then $FAKE_BROKEN until FAKE_FIXES=1), logs venv, pip.
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 here=$(cd "$(dirname "$0")/.." && pwd)
 log() { printf '%s\n' "$*" >> "$FAKE_LOG"; }
@@ -24,7 +24,8 @@ case "$1 $2" in
   "-c "*"import torch"*) [ -e "$here/has_torch" ] || exit 1; echo 2.13.0 ;;
   "- "*) cat >/dev/null
     if [ -e "$here/repaired" ]; then echo; elif [ -e "$here/filled" ]; then
-      echo "${FAKE_BROKEN:-}"; else echo "${FAKE_MISSING:-}"; fi ;;
+      echo "${FAKE_BROKEN:-}"; else
+      echo $(for m in ${FAKE_MISSING:-}; do case " $2 " in *" $m "*) echo "$m" ;; esac; done); fi ;;
   "-m nbstripout") exec "$FAKE_REAL_PYTHON" "$@" ;;
   "-m venv") shift 2
     if [ "$1" = --clear ]; then log "venv --clear ${0##*/}"; shift; rm -rf "$1"
@@ -115,48 +116,35 @@ def test_an_old_python_stops_in_one_sentence_before_pip(co, how):
     assert co.calls() == [] and (co.repo / ".venv").exists() == ("venv" in how)
 
 
-def test_old_default_python3_falls_back_to_the_working_venv_and_says_so(co):
-    co.python("python3", "3.10")
+@pytest.mark.parametrize(("python3", "torch", "words"), [
+    ("3.10", False, "python3 is Python 3.10"), ("3.13", True, "not reusing it")],
+    ids=["old python3: the .venv", ".venv of another version: the active torch"])
+def test_the_working_python_is_taken_and_named_in_one_line(co, python3, torch, words):
+    co.python("python3", python3, torch=torch)
     venv_py = co.venv("3.12")
     proc = co.run("--for=run")
-    assert proc.returncode == 0 and proc.stdout.strip() == str(venv_py), proc.stderr
+    want = co.bin / "python3" if torch else venv_py
+    assert proc.returncode == 0 and proc.stdout.strip() == str(want), proc.stderr
     lines = env_lines(proc.stderr)
-    assert len(lines) == 1 and "python3 is Python 3.10" in lines[0] and "3.12" in lines[0]
+    assert len(lines) == 1 and words in lines[0] and "3.12" in lines[0], lines
     assert co.calls() == []
 
 
-@pytest.mark.parametrize(("asked", "env", "venv", "torch"), [
-    ("python3.13", {"PYTHON": "python3.13"}, "3.12", True),
-    ("python3", {}, "3.11", False),
-], ids=["PYTHON=python3.13", "python3, a .venv without torch"])
-def test_venv_of_another_version_is_recreated(co, asked, env, venv, torch):
+@pytest.mark.parametrize(("asked", "env", "venv", "torch", "said"), [
+    ("python3.13", {"PYTHON": "python3.13"}, "3.12", True, "recreating"),
+    ("python3", {}, "3.11", False, "recreating"),
+    ("python3", {}, "3.13", False, "installing requirements.txt into it again"),
+], ids=["PYTHON=python3.13", "python3, a .venv without torch", "interrupted, same version"])
+def test_venv_of_another_version_is_recreated_and_an_interrupted_one_filled(co, asked, env, venv,
+                                                                            torch, said):
     co.python(asked, "3.13")
     venv_py = co.venv(venv, torch)
     proc = co.run("--for=run", **env)
     assert proc.returncode == 0 and proc.stdout.strip() == str(venv_py), proc.stderr
-    said = [line for line in env_lines(proc.stderr) if "recreating" in line]
-    assert len(said) == 1 and f"Python {venv}" in said[0] and "Python 3.13" in said[0], said
-    assert co.calls("venv --clear python3"), co.calls()
+    [line] = [line for line in env_lines(proc.stderr) if said in line]
+    assert said != "recreating" or f"Python {venv}" in line and "Python 3.13" in line, line
+    assert bool(co.calls("venv --clear python3")) == (said == "recreating"), co.calls()
     assert "version = 3.13" in (co.repo / ".venv" / "pyvenv.cfg").read_text()
-
-
-def test_venv_of_another_version_gives_way_to_an_active_torch(co):
-    co.python("python3", "3.13", torch=True)
-    co.venv("3.12")
-    proc = co.run("--for=run")
-    assert proc.returncode == 0 and proc.stdout.strip() == str(co.bin / "python3"), proc.stderr
-    lines = env_lines(proc.stderr)
-    assert len(lines) == 1 and "Python 3.12" in lines[0] and "not reusing it" in lines[0]
-    assert co.calls() == []
-
-
-def test_interrupted_venv_of_the_same_version_is_filled_again(co):
-    co.python("python3", "3.12")
-    co.venv("3.12", torch=False)
-    proc = co.run("--for=run")
-    assert proc.returncode == 0, proc.stderr
-    assert "installing requirements.txt into it again" in proc.stderr
-    assert "venv python3" in co.calls() and "venv --clear python3" not in co.calls()
 
 
 def test_first_venv_says_what_it_installs_and_shows_pips_progress(co):
@@ -172,15 +160,6 @@ def test_first_venv_says_what_it_installs_and_shows_pips_progress(co):
     reqs = co.reqs()
     assert "torch==2.13.0" in reqs and "numpy==2.4.6" in reqs and "papermill==2.7.0" in reqs
     assert not [r for r in reqs if r.startswith(("jupyterlab", "ipywidgets"))]
-
-
-def test_filling_a_python_leaves_out_torch_and_the_lab_pins(co):
-    py = co.python("python3.12", "3.12", torch=True)
-    proc = co.run("--for=run", COURSE_PYTHON=str(py), FAKE_MISSING="pandas")
-    assert proc.returncode == 0, proc.stderr
-    reqs = co.reqs()
-    assert "pandas==3.1.1" in reqs and "torchao==0.18.0" in reqs  # torchao is not torch
-    assert not [r for r in reqs if r.startswith(("torch==", "jupyterlab", "ipywidgets"))]
 
 
 @pytest.mark.parametrize("case", ["repaired", "venv", "COURSE_PYTHON"])
@@ -202,6 +181,20 @@ def test_a_package_pip_cannot_import_is_reinstalled_once_then_named(co, case):
              "remove it and start again with: rm -rf .venv && make test"}[case]
     assert proc.returncode == (1 if error else 0) and lines[1:] == ([error] if error else [])
     assert proc.stdout == ("" if error else f"{py}\n")
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ("--for=run", ""), ("", "env: missing: pytest ruff yaml;"),
+    ("--for=test", "env: missing: pytest ruff yaml;"),
+    ("--for=bogus", "env: error: unknown argument '--for=bogus'")])
+def test_only_the_tests_need_the_test_tools_and_a_python_keeps_its_torch(co, args, said):
+    py = co.python("python3.12", "3.12", torch=True)
+    proc = co.run(*args.split(), COURSE_PYTHON=str(py), FAKE_MISSING="pytest ruff yaml")
+    assert said in proc.stderr and ("missing" in proc.stderr) == ("missing" in said), proc.stderr
+    assert proc.returncode == ("bogus" in args)
+    reqs = co.reqs()  # the pins, less torch and the lab's: torchao is not torch
+    assert ("torchao==0.18.0" in reqs) == ("missing" in said)
+    assert not [r for r in reqs if r.startswith(("torch==", "jupyterlab", "ipywidgets"))]
 
 
 @NEEDS_GIT

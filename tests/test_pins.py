@@ -15,6 +15,11 @@ PIP_NAME = {"pytorch-gpu": "torch", "pytorch": "torch", "shellcheck": "shellchec
 TOOLCHAIN = {"python", "cuda-version", "cuda-nvcc", "cuda-cudart-dev", "cuda-libraries-dev",
              "gxx", "ninja", "pip"}  # conda-only entries
 EXEMPT = {"torch"}  # the CUDA build in environment.yml, PyPI's in requirements.txt
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].strip().lower()
 
 
 def pip_pins(text: str) -> dict[str, str]:
@@ -60,32 +65,29 @@ def test_drift_is_caught(old, new, expected):
     assert any(p.startswith(expected) for p in problems), problems
 
 
-def test_each_file_states_which_torch_it_brings():
+def test_environment_yml_is_conda_forge_only_and_each_file_states_which_torch_it_brings():
+    env = yaml.safe_load(ENVIRONMENT)
+    assert [c for c in env["channels"] if c != "nodefaults"] == ["conda-forge"]
+    specs = dict(d.partition("=")[::2] for d in env["dependencies"][:-1])
+    assert not [d for d in specs if "::" in d], "no channel through a prefix"
+    assert re.fullmatch(r"\d+\.\d+", specs["cuda-version"]), "pin cuda-version to major.minor"
+    tools = ("cuda-nvcc", "cuda-cudart-dev", "cuda-libraries-dev")
+    assert {specs[t] for t in tools} == {specs["cuda-version"]}
     torch = pip_pins(REQUIREMENTS)["torch"]
-    env = dict(d.partition("=")[::2] for d in yaml.safe_load(ENVIRONMENT)["dependencies"][:-1])
     req_head, env_head = ("\n".join(x for x in t.splitlines()[:20] if x.startswith("#"))
                           for t in (REQUIREMENTS, ENVIRONMENT))  # the comments at the top
     assert all(s in req_head for s in (f"torch=={torch}", "pytorch-gpu", "cuda-nvcc"))
-    assert f"`pytorch-gpu` ({env['pytorch-gpu']}, CUDA {env['cuda-version']})" in env_head
+    assert f"`pytorch-gpu` ({specs['pytorch-gpu']}, CUDA {specs['cuda-version']})" in env_head
     assert f"torch=={torch}" in env_head
 
 
-def test_make_lab_and_ensure_env_take_the_lab_pins_from_their_sources():
-    recipe = (ROOT / "Makefile").read_text().split("\nlab:", 1)[1].split("\n\n", 1)[0]
-    assert not re.search(r"(jupyterlab|ipywidgets)==\d", recipe) and "requirements.txt" in recipe
-    script = (ROOT / "scripts" / "ensure_env.sh").read_text()
-    left_out = set(re.search(r'^lab_pins="([^"]+)"', script, re.M).group(1).split("|"))
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    lab = {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower()
-           for r in extra["optional-dependencies"]["lab"]}
-    assert left_out == lab
-
-
-def test_the_pinned_extra_and_06_carry_requirements_pins():
+def test_pyproject_and_06_carry_requirements_pins():
     from helpers.chapters import fp8
-    assert fp8.TORCHAO_PIN == pip_pins(REQUIREMENTS)["torchao"]
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    runtime = {re.split(r"[<>=]", d)[0].strip().lower() for d in project["dependencies"]}
-    pinned = dict(p.lower().split("==") for p in project["optional-dependencies"]["pinned"])
-    assert pinned == {k: v for k, v in pip_pins(REQUIREMENTS).items() if k in runtime - EXEMPT}
-
+    pins = pip_pins(REQUIREMENTS)
+    assert fp8.TORCHAO_PIN == pins["torchao"]
+    extras = PROJECT["optional-dependencies"]
+    runtime = {_name(d) for d in PROJECT["dependencies"]}
+    declared = runtime | {_name(r) for extra in ("dev", "lab", "tools") for r in extras[extra]}
+    assert declared == set(pins), f"drift: {sorted(declared ^ set(pins))}"
+    pinned = dict(p.lower().split("==") for p in extras["pinned"])
+    assert pinned == {k: v for k, v in pins.items() if k in runtime - EXEMPT}

@@ -108,6 +108,12 @@ def test_the_course_notebooks_state_a_rule_for_every_parameter():
         runner.check_params(paths, {"steps": True})
     runner.check_params(paths, {"steps": 40, "lr": 3e-4, "o3_eps": [1e-4], "widths": [64, 128],
                                 "amp_dtype": "fp16", "idle_ms": 50, "batch_size": None})
+    nb = nbformat.read(paths[3], as_version=4)  # edited in the lab: the notebook stops on it
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    exec(cell.source, namespace := {})
+    with pytest.raises(errors.CourseError, match=r"^Parameter legacy_timeout_s = '300' must be "
+                                                 r"float > 0: fix it in the parameters cell"):
+        errors.check_parameters(namespace | {"legacy_timeout_s": "300"}, runner.parameters(nb)[1])
 
 
 def test_the_gpu_memory_peak_is_nvidia_smis_largest_sample(tmp_path, monkeypatch):  # full only
