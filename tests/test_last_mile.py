@@ -72,6 +72,15 @@ def test_flash_attention_is_offered_only_where_its_package_imports(monkeypatch):
 
 @pytest.mark.notebook
 @pytest.mark.smoke("08")
+@pytest.mark.parametrize(("gap", "idle"), [(-0.16, 0.0), (1.5, 1.5)])
+def test_the_idle_gpu_is_never_below_zero(gap, idle):  # kernels traced past the untraced step
+    row = pd.Series({"label": "path 4", "step_ms": 50.0})
+    breakdown = pd.DataFrame({"gap_ms": [gap], "optimizer_ms": [2.0]})
+    rec = last_mile.record(row, breakdown, pd.DataFrame(), sequences=32)
+    assert rec["idle_ms"] == idle and last_mile.bounds(rec)["idle"] == idle / 50.0
+    assert math.isnan(last_mile.record(row, pd.DataFrame(), pd.DataFrame(), 32)["idle_ms"])
+
+
 def test_08_answers_every_lever_and_keeps_exactly_the_faster_and_same(smoke_run):
     out, runs = smoke_run
     runs["08_last_mile_mfu.ipynb"]  # skips, saying so, where the run left 08 out
