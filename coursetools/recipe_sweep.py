@@ -14,7 +14,7 @@ TF32 matmuls), and, with ``--extras``, the same run under deterministic algorith
 
 Run once on a GPU (about four minutes on an H200)::
 
-    python -m coursetools.recipe_sweep --out reports/h200/results
+    python -m coursetools.recipe_sweep --out reports/recipe
 
 ``--smoke`` runs a tiny grid on the tiny model (seconds on a CPU), for the tests.
 """

@@ -228,7 +228,7 @@ def flops_per_token(cfg: GPTConfig, *, include_head: bool = True) -> int:
 # compute the same thing. The peak rate and the warm-up were chosen by measurement:
 # coursetools/recipe_sweep.py trained the full profile's GPT (80 steps of 32 x 1024 bytes) with
 # 16 pairs on an H200, each twice with the same seed; the README's "Choosing the training
-# recipe" holds its table (reports/h200/results/recipe_sweep.csv). A warm-up of 60 of the 80
+# recipe" holds its table (reports/recipe/recipe_sweep.csv). A warm-up of 60 of the 80
 # steps to 3e-4 had the lowest validation loss of the pairs whose loss never climbed back above
 # step 0's; the steps warm up over the same share of a shorter run.
 PEAK_LR = 3e-4
