@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import pytest
 from helpers import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-# a child, a process in its group, with OWN one in a session of its own (as torchrun's ranks),
-# and a temporary folder (as torchelastic's)
+# a child, one in its group, with OWN one in its own session (as torchrun's ranks), a tmp folder
 SPAWNS = """import json, os, subprocess, sys, tempfile, time
 sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
 pids = [os.getpid(), subprocess.Popen(sleep).pid]
@@ -22,11 +20,6 @@ if OWN: pids.append(subprocess.Popen(sleep, start_new_session=True).pid)
 made = tempfile.mkdtemp(prefix="torchelastic_")
 print(json.dumps([pids, made, os.environ["TORCHINDUCTOR_CACHE_DIR"]]), flush=True)
 """
-
-
-def _script(path: Path, body: str) -> Path:
-    path.write_text(textwrap.dedent(body))
-    return path
 
 
 def _alive_after(pids: list[int], within: float = 5.0) -> list[int]:
@@ -52,8 +45,8 @@ def _alive_after(pids: list[int], within: float = 5.0) -> list[int]:
 def test_a_child_past_its_deadline_or_failing_leaves_no_process_or_folder_behind(
         tmp_path, monkeypatch, own, tail, timeout, error):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    script = _script(tmp_path / "child.py", SPAWNS.replace("OWN", str(own)) + tail + "\n")
-    result = launch.run(launch.python(script), {}, tmp_path / "o.json", timeout=timeout)
+    child = [sys.executable, "-c", SPAWNS.replace("OWN", str(own)) + tail]
+    result = launch.run(child, {}, tmp_path / "o.json", timeout=timeout)
     assert result.error == error and result.seconds < 20 and result.payload == {}
     assert result.returncode == (-signal.SIGTERM if own else 1)
     pids, made, cache = json.loads(result.stdout)
@@ -64,23 +57,22 @@ def test_a_child_past_its_deadline_or_failing_leaves_no_process_or_folder_behind
 
 def test_every_failure_is_one_sentence(tmp_path):
     bodies = {
-        "sentence": "from helpers import errors\n"
-                    "errors.stop('COURSE_X=y is not a number: set it to one')\n",
+        "sentence": "from helpers import errors\nerrors.stop('COURSE_X=y is not a number: set it')",
         "refused": "from helpers import launch\n"
                    "launch.read_plan(check=lambda plan: '' if plan.get('ok') else "
                    "'the plan lacks ok: pass ok=True')\n",
         "signal": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
         "silent": "print('no result written')\n"}  # a stale result of an earlier run: none
-    jobs = [launch.Job(launch.python(_script(tmp_path / f"child_{name}.py", body)), {"ok": False},
-                       tmp_path / f"{name}.json") for name, body in bodies.items()]
+    jobs = [launch.Job([sys.executable, "-c", body], {"ok": False}, tmp_path / f"{name}.json")
+            for name, body in bodies.items()]
     (tmp_path / "silent.json").write_text('{"stale": true}')
     jobs.append(launch.Job(["false"], {}, tmp_path / "never.json", refused="it cannot start"))
     results = dict(zip([*bodies, "never"], launch.run_all(jobs, timeout=60), strict=True))
     said = {name: r.error for name, r in results.items()}
     assert said["sentence"] == ("the child process exited with 1; its last error: COURSE_X=y "
-                                "is not a number: set it to one")
-    assert said["refused"].startswith("the child process exited with 2; its last error: ")
-    assert said["refused"].endswith("error: the plan lacks ok: pass ok=True")
+                                "is not a number: set it")
+    assert said["refused"] == ("the child process exited with 2; its last error: -c: error: the "
+                               "plan lacks ok: pass ok=True")  # argparse's, by the program's name
     assert said["signal"] == "the child process was killed by signal 9"
     assert said["silent"] == ("the child process exited with 0 but wrote no result to "
                               f"{tmp_path / 'silent.json'}") and not results["silent"].payload
@@ -103,15 +95,10 @@ def test_the_plan_reaches_the_child_with_the_checkout_first_on_its_path(tmp_path
     (shadow / "helpers").mkdir(parents=True)
     (shadow / "helpers" / "__init__.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shadow), str(ROOT), str(shadow)]))
-    script = _script(tmp_path / "where.py", """\
-        import os
-        import helpers
-        from helpers import launch
-        plan, out = launch.read_plan()
-        launch.write_result(out, {"pythonpath": os.environ["PYTHONPATH"], "cwd": os.getcwd(),
-                                  "helpers": helpers.__file__, "legacy": os.environ.get("LEG"),
-                                  "plan": plan})
-        """)
+    (script := tmp_path / "where.py").write_text(
+        "import os\nimport helpers\nfrom helpers import launch\nplan, out = launch.read_plan()\n"
+        "launch.write_result(out, {'pythonpath': os.environ['PYTHONPATH'], 'cwd': os.getcwd(),\n"
+        "    'helpers': helpers.__file__, 'legacy': os.environ.get('LEG'), 'plan': plan})\n")
     plan = {"cfg": {"lr": 1e-4}, "name": "β ünïcode \"q\" 't'", "none": None, "big": 2**60}
     env = launch.child_env(tmp_path / "first", LEG="here", HOME=None)
     out = tmp_path / "a.json"

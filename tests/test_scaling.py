@@ -19,9 +19,7 @@ from helpers.chapters import scaling
 
 # torch.distributed.optim (ZeroRedundancyOptimizer, resolved by the Apex map) uses torch.jit
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
-ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "07_scaling_out.ipynb"
-WRITEFILE = "%%writefile {script}\n"
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "07_scaling_out.ipynb"
 # Planted: DDP takes rank 0's slice, FSDP2 sums where it averages, the resume never loads.
 SLICE = "x, y = (t[rank * per_rank:(rank + 1) * per_rank] for t in (x, y))"
 WRONG_SLICE = ("x, y = (t[:per_rank] if wrapper == 'ddp' else "
@@ -61,7 +59,7 @@ def check_plan(corpus: Path, **changes) -> dict:
 def launched(tmp_path_factory):
     """(one process with section 4's variants, 2 ranks with the faults, 2 ranks in fp16)."""
     tmp = tmp_path_factory.mktemp("scaling")
-    script = cell("c07").removeprefix(WRITEFILE) + "\n"
+    script = cell("c07").removeprefix("%%writefile {script}\n") + "\n"
     assert SLICE in script and BACKWARD in script and script.count(LOAD) == 1, (
         "the script cell changed: update the faults")
     (tmp / "train.py").write_text(script)
@@ -83,19 +81,11 @@ def launched(tmp_path_factory):
     return launches
 
 
-def smoke_07(smoke_run):
-    out, runs = smoke_run
-    run = runs[NOTEBOOK.name]  # skips, saying so, where the run left 07 out
-    assert run.ok, f"notebook 07 failed: {run.error} (executed copy: {run.output})"
-    return out, run
-
-
-def check_launches(smoke_run) -> tuple[scaling.Launch, scaling.Launch]:
-    """(one process, 2 gloo ranks): 07's CPU check, as the smoke run saved it."""
-    out, _ = smoke_07(smoke_run)
-    paths = {n: out / "results" / f"07_check_world{n}.json" for n in (1, 2)}
-    return tuple(scaling.Launch(cmd=[], out=path, payload=json.loads(path.read_text()), nproc=n)
-                 for n, path in paths.items())
+def _checkpoint_cell(split: scaling.Launch) -> dict:
+    space = {"split": split, "pd": pd, "results": results, "env": {},
+             "TOLERANCE": scaling.TOLERANCE, "display": lambda *a, **k: None}
+    exec(cell("ck2c"), space)
+    return space
 
 
 def _rows(reference: scaling.Launch, launch: scaling.Launch) -> dict[str, dict]:
@@ -106,8 +96,12 @@ def _rows(reference: scaling.Launch, launch: scaling.Launch) -> dict[str, dict]:
 
 
 @pytest.mark.smoke("07")
-def test_two_gloo_ranks_match_one_process_and_hold_what_the_notebook_reads(smoke_run):
-    single, split = check_launches(smoke_run)
+def test_the_smoke_run_checks_two_ranks_repeats_itself_and_says_each_crash(smoke_run, monkeypatch):
+    out, executed = smoke_run[0], smoke_run[1][NOTEBOOK.name].output  # a failed 07: skipped
+    # 07's CPU check (one process, 2 gloo ranks), as the smoke run saved it
+    saved = {n: out / "results" / f"07_check_world{n}.json" for n in (1, 2)}
+    single, split = (scaling.Launch(cmd=[], out=p, payload=json.loads(p.read_text()), nproc=n)
+                     for n, p in saved.items())
     plan = split.payload["plan"]
     for key in ("cfg", "global_batch", "steps", "seed", "lr", "amp"):  # the same batches
         assert single.payload["plan"][key] == plan[key], key
@@ -116,8 +110,7 @@ def test_two_gloo_ranks_match_one_process_and_hold_what_the_notebook_reads(smoke
     for variant, row in rows.items():
         assert row["world_size"] == 2 and row["accum"] == plan["accum"] > 1
         assert row["steps"] == plan["steps"] and scaling.within(row), (variant, row)
-    losses = single.runs()[0].losses
-    assert losses[-1] < losses[0]  # it trained: the comparison is not of untouched models
+    assert single.runs()[0].losses[-1] < single.runs()[0].losses[0]  # it trained: not untouched
     for run in single.runs() + split.runs():
         assert len(run.losses) == len(run.step_ms) == len(run.extra["grad_norms"])
         assert run.extra["tokens_per_step"] == 8 * gpt.TINY.seq_len and run.tokens_per_s > 0
@@ -138,12 +131,49 @@ def test_two_gloo_ranks_match_one_process_and_hold_what_the_notebook_reads(smoke
     assert not list(split.out.parent.glob("*.checkpoint")), "the checkpoint was not cleaned up"
     ckpt = _checkpoint_cell(split)["ckpt"].iloc[0]
     assert ckpt["within_tolerance"] and ckpt["steps_after"] == plan["steps"] - at
+    monkeypatch.setattr(scaling, "launch", lambda *a, **k: split)  # the multi-GPU cell's launch
+    runs = {r.extra["variant"]: r for r in single.runs()}
+    overhead = scaling.runs_table([runs[v] for v in ("plain", "ddp", "fsdp2")])
+    space = {**formulas(), "scaling": scaling, "gpus": 2, "max_gpus": 8, "batch_size": 8,
+             "overhead": overhead, "runs": runs, "gpu_plan": lambda *a, **k: {},
+             "script": "train.py", "out_dir": Path("."), "launch_timeout_s": 60,
+             "show": lambda launch: None, "pd": pd, "gpu_cfg": gpt.TINY, "results": results,
+             "env": {}, "display": lambda *a, **k: None, "answers": verdicts.Answers("07")}
+    exec(cell("c35"), space)
+    scaled = space["scaled"]
+    assert set(scaled["world_size"]) == {1, 2} and len(scaled) == 8  # 2 one-GPU rows per kind
+    two = scaled[scaled["world_size"] == 2]
+    assert (two["busbw_gbps"] == split.payload["allreduce"]["busbw_gbps"]).all()
+    assert two[["predicted_no_overlap", "predicted_overlap", "efficiency"]].notna().all().all()
+    table = space["answers"].table()
+    assert list(table["candidate"]) == ["ddp on 2 GPUs", "fsdp2 on 2 GPUs"]
+    assert verdicts.check_answers(table) == [] and "repeats" in table["basis"].iloc[0]
+    # the same seed repeats within 0.1%; one planted 0.2% off fails
+    record = json.loads((out / "results" / "07_losses.json").read_text())
+    assert scaling.noise_floor(scaling.runs_from_record(record)).floor <= scaling.SAME_SEED_LIMIT
+    record["plain (repeat 1)"]["val_loss"] *= 1.002
+    assert scaling.noise_floor(scaling.runs_from_record(record)).floor > scaling.SAME_SEED_LIMIT
+    answers = pd.read_csv(out / "results" / "07_answers.csv")
+    assert verdicts.check_answers(answers) == []
+    space = _questions({})
+    asked = {q for name in ("TIMED", "LEARNS", "MEMORY") for q in space[name].values()}
+    assert asked | {REPEAT_Q} <= set(answers["question"]), asked - set(answers["question"])
+    # the crash cell: rank 1 exits with 3 while rank 0 sleeps, then a port held open
+    crash_said = re.compile(r"(a rank dies|port (\d+) taken): (\d+\.\d) s, launcher exit code "
+                            r"(-?\d+|None): (.+)")
+    (found,) = [c for c in nbformat.read(executed, as_version=4).cells if c.get("id") == "c45"]
+    text = "".join(o.text for o in found.outputs if o.get("name") == "stdout")  # streams'
+    died, busy = said = [crash_said.fullmatch(line) for line in text.splitlines()]
+    assert len(said) == 2 and all(said) and not died[2] and busy[2], text
+    assert died[5].startswith("rank 1 exited with code 3, the first failure"), died[5]
+    assert died[4] not in ("0", "None") and f"exited with {died[4]}" in died[5]
+    assert float(died[3]) < 60, "the waiting rank was not stopped when its partner died"
+    assert busy[5].startswith(f"port {busy[2]} is already in use") and float(busy[3]) < 30
 
 
-def test_the_comparison_catches_a_wrong_slice_a_missing_average_and_a_missing_load(launched):
-    single, faulty, _ = launched
-    rows = _rows(single, faulty)
-    wrong_slice, summed = rows["ddp"], rows["fsdp2"]
+def test_the_launches_catch_the_faults_run_fp16_and_keep_their_arithmetic_in_rounds(launched):
+    single, faulty, fp16 = launched  # the comparison: a wrong slice, no average, no load
+    wrong_slice, summed = (_rows(single, faulty)[v] for v in ("ddp", "fsdp2"))
     assert not scaling.within(wrong_slice) and not scaling.within(summed)
     assert wrong_slice["max_loss_diff"] > 100 * scaling.TOLERANCE["max_loss_diff"]
     # summed gradients are twice the averaged ones: the norms say so, the losses do not
@@ -156,19 +186,8 @@ def test_the_comparison_catches_a_wrong_slice_a_missing_average_and_a_missing_lo
     assert off > 100 * scaling.TOLERANCE["max_loss_diff"], off
     with pytest.raises(AssertionError):  # and the notebook's checkpoint cell stops
         _checkpoint_cell(faulty)
-
-
-def _checkpoint_cell(split: scaling.Launch) -> dict:
-    space = {"split": split, "pd": pd, "results": results, "env": {},
-             "TOLERANCE": scaling.TOLERANCE, "display": lambda *a, **k: None}
-    exec(cell("ck2c"), space)
-    return space
-
-
-def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(launched):  # unscaled, clipped
-    single, _, fp16 = launched
     runs, fp32 = {r.extra["variant"]: r for r in fp16.runs()}, single.runs()[0]
-    assert scaling.step_diff(runs["ddp"], runs["fsdp2"]) < 1e-3
+    assert scaling.step_diff(runs["ddp"], runs["fsdp2"]) < 1e-3  # fp16: unscaled, clipped
     assert fp32.extra["variant"] == "plain" and scaling.step_diff(runs["ddp"], fp32) > 1e-6
     for variant, run in runs.items():
         assert all(math.isfinite(v) for v in run.losses) and run.losses[-1] < run.losses[0]
@@ -176,10 +195,7 @@ def test_the_fp16_gradscaler_branch_runs_under_ddp_and_fsdp2(launched):  # unsca
         norms = zip(run.extra["grad_norms"], fp32.extra["grad_norms"], strict=True)
         worst = max(abs(a - b) / b for a, b in norms)
         assert worst < 0.05, f"{variant}: fp16 gradient norms {worst:.1%} off the fp32 ones"
-
-
-def test_interleaving_the_variants_in_rounds_changes_none_of_their_arithmetic(launched):
-    runs = {r.extra["variant"]: r for r in launched[0].runs()}
+    runs = {r.extra["variant"]: r for r in single.runs()}  # interleaved in rounds: the same
     assert list(runs) == ONE_PROCESS
     plain = runs["plain"]
     for name in ("plain (repeat 1)", "ddp", "fsdp2", "fsdp2+noreshard", "plain+ac"):
@@ -214,7 +230,7 @@ def _section_4(single: scaling.Launch, capsys, full: bool = False) -> dict:
     return space
 
 
-def test_section_4_answers_each_question_from_the_runs(launched, capsys):
+def test_section_4_answers_each_question_from_the_runs_and_warns_of_a_jump(launched, capsys):
     space = _section_4(launched[0], capsys)
     table = space["answers"].table().set_index("question")
     assert verdicts.check_answers(table.reset_index()) == []
@@ -230,59 +246,18 @@ def test_section_4_answers_each_question_from_the_runs(launched, capsys):
         assert table.loc[question, "verdict"] == "same", table.loc[question]
         assert "other seeds" in table.loc[question, "basis"]
     assert (table.loc[REPEAT_Q, "verdict"], table.loc[REPEAT_Q, "ratio"]) == ("same", 1.0)
-    numbers = space["variants"].drop(columns="variant")  # no verdict or label column
-    assert numbers.apply(pd.api.types.is_numeric_dtype).all()
+    assert space["variants"].drop(columns="variant").apply(pd.api.types.is_numeric_dtype).all()
     saved = json.loads((results.results_dir() / "07_losses.json").read_text())
     assert set(saved) == set(ONE_PROCESS) and len(saved["plain"]["grad_norms"]) == 6
-
-
-@pytest.mark.parametrize("jump", [False, True])
-def test_the_start_check_warns_of_a_jump_in_the_losses(launched, capsys, jump):
-    payload = json.loads(json.dumps(launched[0].payload))
-    for run in payload["runs"]:
-        run["losses"] = sorted(run["losses"], reverse=True)
-        if jump and run["extra"]["variant"] == "plain (repeat 1)":
-            run["losses"][3] = run["losses"][0] + 0.1
-    space = _section_4(dataclasses.replace(launched[0], payload=payload), capsys, full=True)
-    assert space["answers"].table().set_index("question").loc[REPEAT_Q, "verdict"] == "same"
-    assert ("Warning: " in space["printed"]) == jump
-
-
-@pytest.mark.smoke("07")
-def test_the_smoke_runs_repeat_themselves_and_answer_every_question(smoke_run):
-    out, _ = smoke_07(smoke_run)  # same-seed runs within 0.1%; one planted 0.2% off fails
-    record = json.loads((out / "results" / "07_losses.json").read_text())
-
-    def floor(record: dict) -> float:
-        return scaling.noise_floor(scaling.runs_from_record(record)).floor
-
-    assert floor(record) <= scaling.SAME_SEED_LIMIT
-    record["plain (repeat 1)"]["val_loss"] *= 1.002
-    assert floor(record) > scaling.SAME_SEED_LIMIT
-    answers = pd.read_csv(out / "results" / "07_answers.csv")
-    assert verdicts.check_answers(answers) == []
-    space = _questions({})
-    asked = {q for name in ("TIMED", "LEARNS", "MEMORY") for q in space[name].values()}
-    assert asked | {REPEAT_Q} <= set(answers["question"]), asked - set(answers["question"])
-
-
-# 07's crash cell: rank 1 exits with 3 while rank 0 sleeps, then a port held open
-CRASH_SAID = re.compile(r"(a rank dies|port (\d+) taken): (\d+\.\d) s, launcher exit code "
-                        r"(-?\d+|None): (.+)")
-
-
-@pytest.mark.smoke("07")
-def test_a_dead_rank_and_a_taken_port_are_one_sentence_each_without_a_hang(smoke_run):
-    _, run = smoke_07(smoke_run)
-    (found,) = [c for c in nbformat.read(run.output, as_version=4).cells if c.get("id") == "c45"]
-    text = "".join(o.text for o in found.outputs if o.output_type == "stream"
-                   and o.name == "stdout")
-    died, busy = said = [CRASH_SAID.fullmatch(line) for line in text.splitlines()]
-    assert len(said) == 2 and all(said) and not died[2] and busy[2], text
-    assert died[5].startswith("rank 1 exited with code 3, the first failure"), died[5]
-    assert died[4] not in ("0", "None") and f"exited with {died[4]}" in died[5]
-    assert float(died[3]) < 60, "the waiting rank was not stopped when its partner died"
-    assert busy[5].startswith(f"port {busy[2]} is already in use") and float(busy[3]) < 30
+    for jump in (False, True):  # the full profile's start check warns of a jump in the losses
+        payload = json.loads(json.dumps(launched[0].payload))
+        for run in payload["runs"]:
+            run["losses"] = sorted(run["losses"], reverse=True)
+            if jump and run["extra"]["variant"] == "plain (repeat 1)":
+                run["losses"][3] = run["losses"][0] + 0.1
+        space = _section_4(dataclasses.replace(launched[0], payload=payload), capsys, full=True)
+        assert space["answers"].table().set_index("question").loc[REPEAT_Q, "verdict"] == "same"
+        assert ("Warning: " in space["printed"]) == jump, jump
 
 
 @pytest.mark.slow
@@ -302,7 +277,7 @@ def test_a_parameter_below_one_stops_the_notebook_in_one_sentence():
     params = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     checks = cell("c04").split("profile = resolve(profile)", 1)[0]
     space = {"machine": machine, "errors": errors}
-    exec(params.replace("max_gpus = 8", "max_gpus = 0"), space)
+    exec(params + "\nmax_gpus = 0", space)
     with pytest.raises(errors.CourseError, match="^Parameter max_gpus = 0 must be int >= 1"):
         exec(checks, space)
     exec(params, space)  # as shipped: the checks pass
@@ -331,13 +306,12 @@ def formulas() -> dict:
     return space
 
 
-def test_collective_bytes_memory_and_traffic_per_gpu_by_hand():
+def test_bytes_memory_traffic_step_time_and_activations_per_gpu_by_hand():
     f = formulas()
-    collective_bytes = f["collective_bytes"]
-    assert collective_bytes("all-reduce", 100, 4) == 150  # 2 x 3/4 x 100
-    assert collective_bytes("reduce-scatter", 100, 4) == 75 == collective_bytes("all-gather",
-                                                                                100, 4)
-    assert collective_bytes("all-reduce", 100, 1) == 0  # one rank sends nothing
+    collective = f["collective_bytes"]
+    assert collective("all-reduce", 100, 4) == 150  # 2 x 3/4 x 100
+    assert collective("reduce-scatter", 100, 4) == 75 == collective("all-gather", 100, 4)
+    assert collective("all-reduce", 100, 1) == 0  # one rank sends nothing
     # 1000 parameters on 4 GPUs: 4 B weights, 4 B grads, 8 B Adam, DDP's 4 B buckets; sent in
     # fp32 (4000 B): an all-reduce 6000 B, a gather or a reduce-scatter 3000 B
     expect = {"DDP": ((4000, 4000, 8000, 4000), 6000),
@@ -352,16 +326,11 @@ def test_collective_bytes_memory_and_traffic_per_gpu_by_hand():
         assert got["total"] == sum(parts)
         assert f["comm_per_gpu"](1000, 4, strategy) == pytest.approx(sent), strategy
     assert f["memory_per_gpu"](1000, 1, "FSDP2 (ZeRO-3)")["total"] == 16000
-
-
-def test_step_time_weak_and_strong_with_and_without_overlap_by_hand():
-    f = formulas()
-    step_ms, comm_per_gpu, strategies = f["step_ms"], f["comm_per_gpu"], f["STRATEGIES"]
-    # 1e9 bytes at 100 GB/s take 10 ms
+    step_ms = f["step_ms"]  # 1e9 bytes at 100 GB/s take 10 ms
     assert step_ms(10.0, 1e9, 100.0, overlap=False) == pytest.approx(20.0)
     assert step_ms(4.0, 1e9, 100.0, overlap=True) == pytest.approx(10.0)
-    weak, strong = (scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, comm_per_gpu,
-                                       step_ms, strategies, gpus=(1, 2), strong=s)
+    weak, strong = (scaling.comm_table({"m": gpt.TINY}, {"m": 10.0}, 100.0, f["comm_per_gpu"],
+                                       step_ms, f["STRATEGIES"], gpus=(1, 2), strong=s)
                     for s in (False, True))
     one = weak[weak["gpus"] == 1]
     assert (one["efficiency_no_overlap"] == 1.0).all() and (one["sent_gib"] == 0).all()
@@ -372,10 +341,6 @@ def test_step_time_weak_and_strong_with_and_without_overlap_by_hand():
     # strong scaling: the same global batch, so each GPU computes half; the bytes are the same
     assert s2["compute_ms"] == 5.0 and s2["sent_gib"] == ddp2["sent_gib"]
     assert s2["efficiency_no_overlap"] < ddp2["efficiency_no_overlap"]
-
-
-def test_activation_memory_by_hand_and_with_checkpointing():
-    f = formulas()
     act, head = f["activation_bytes"], 4 * 64 + 10 * 256  # TINY: 2 layers x 64, vocab 256
     assert act(gpt.TINY, 100) == 100 * (2 * 38 * 64 + head)
     assert act(gpt.TINY, 100, checkpointed=True) == 100 * (2 * 4 * 64 + 38 * 64 + head)
@@ -384,10 +349,7 @@ def test_activation_memory_by_hand_and_with_checkpointing():
     assert big["activations_gib"] == pytest.approx(act(scaling.GPT_7B, 32768) / 2**30)
     assert big["total_gib"] > 141e9 / 2**30  # an H200's memory: only checkpointing fits
     assert table.loc[("7B-class", True, "FSDP2 (ZeRO-3)", 8), "total_gib"] < 141e9 / 2**30
-
-
-def test_the_models_on_paper_have_the_parameters_of_their_shapes():
-    # by hand: L (12 d^2 + 13 d) + 2 d + (V + T) d
+    # the models on paper: L (12 d^2 + 13 d) + 2 d + (V + T) d parameters
     assert scaling.params_of(scaling.GPT2_XL) \
         == 48 * (12 * 1600**2 + 13 * 1600) + 2 * 1600 + (50304 + 1024) * 1600
     with torch.device("meta"):
@@ -409,45 +371,14 @@ def test_compute_time_from_notebook_05_only_when_it_matches(tmp_path):
     assert scaling.compute_from_05(not_run, "NVIDIA H200", 32768) is None
 
 
-@pytest.mark.smoke("07")
-def test_the_multi_gpu_cell_tabulates_a_launch_and_answers_weak_scaling(smoke_run):
-    single, split = check_launches(smoke_run)
-    fake = types.SimpleNamespace(**{k: getattr(scaling, k) for k in dir(scaling)
-                                    if not k.startswith("__")})
-    fake.launch = lambda *a, **k: split
-    runs = {r.extra["variant"]: r for r in single.runs()}
-    overhead = scaling.runs_table([runs[v] for v in ("plain", "ddp", "fsdp2")])
-    space = {**formulas(), "scaling": fake, "gpus": 2, "max_gpus": 8, "batch_size": 8,
-             "overhead": overhead, "runs": runs, "gpu_plan": lambda *a, **k: {},
-             "script": "train.py", "out_dir": Path("."), "launch_timeout_s": 60,
-             "show": lambda launch: None, "pd": pd, "gpu_cfg": gpt.TINY, "results": results,
-             "env": {}, "display": lambda *a, **k: None, "answers": verdicts.Answers("07")}
-    exec(cell("c35"), space)
-    scaled = space["scaled"]
-    assert set(scaled["world_size"]) == {1, 2} and len(scaled) == 8  # 2 one-GPU rows per kind
-    two = scaled[scaled["world_size"] == 2]
-    assert (two["busbw_gbps"] == split.payload["allreduce"]["busbw_gbps"]).all()
-    assert two[["predicted_no_overlap", "predicted_overlap", "efficiency"]].notna().all().all()
-    table = space["answers"].table()
-    assert list(table["candidate"]) == ["ddp on 2 GPUs", "fsdp2 on 2 GPUs"]
-    assert verdicts.check_answers(table) == [] and "repeats" in table["basis"].iloc[0]
-
-
-def apex_map() -> list[dict]:
+def test_each_counterpart_is_in_torch_and_the_staged_legacy_source_is_read_where_found(
+        monkeypatch, tmp_path):
     space = {}
     exec(cell("apx0"), space)
-    return space["APEX_MAP"]
-
-
-def test_every_pytorch_counterpart_exists_in_this_torch():
-    table = scaling.apex_table(apex_map(), None)
+    table = scaling.apex_table(space["APEX_MAP"], None)
     assert table["pytorch_found"].all(), table[~table["pytorch_found"]]
     assert table["apex_checked"].isna().all()
     assert scaling.resolve("torch.nn.NoSuchThing") is None
-
-
-def test_the_legacy_source_is_found_where_build_apex_stages_it_and_a_missing_symbol_is_said(
-        monkeypatch, tmp_path):
     monkeypatch.setenv("APEX_LEGACY_AMP_DIR", str(tmp_path / "none"))
     monkeypatch.setenv("APEX_WORKDIR", str(tmp_path / "work"))
     monkeypatch.delenv("APEX_LEGACY_SRC", raising=False)
@@ -461,7 +392,7 @@ def test_the_legacy_source_is_found_where_build_apex_stages_it_and_a_missing_sym
         "    def __init__(self, module, message_size=1):\n        pass\n")
     root, where = scaling.legacy_apex_source()
     assert root == staged and "staged" in where
-    table = scaling.apex_table(apex_map(), root).set_index("apex")
+    table = scaling.apex_table(space["APEX_MAP"], root).set_index("apex")
     assert bool(table.loc["apex.parallel.Reducer", "apex_checked"])
     ddp = table.loc["apex.parallel.DistributedDataParallel"]
     assert not ddp["apex_checked"] and "delay_allreduce" in ddp["apex_evidence"]
