@@ -5,14 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAKE = ("make", "--no-print-directory")
 GIT_ISOLATED = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}  # no user's filter
-CPU_HINT = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-NEEDS_GIT = pytest.mark.skipif(not (shutil.which("git") and shutil.which("make")),
-                               reason="needs git, make")
 
 # A Python @VERSION@: answers the version, torch (has_torch beside bin/) and missing-modules
 # probes ($FAKE_MISSING of those asked, then $FAKE_BROKEN until FAKE_FIXES=1), logs venv, pip.
@@ -55,9 +53,8 @@ class Checkout:
     def __init__(self, tmp: Path):
         self.repo, self.bin, self.log = tmp / "repo", tmp / "bin", tmp / "log"
         (self.repo / "scripts").mkdir(parents=True)
-        shutil.copy(ROOT / "scripts" / "ensure_env.sh", self.repo / "scripts")
-        for name in ("requirements.txt", "Makefile"):
-            shutil.copy(ROOT / name, self.repo)
+        for name in ("scripts/ensure_env.sh", "requirements.txt", "Makefile"):
+            shutil.copy(ROOT / name, self.repo / name)
         self.bin.mkdir()
         self.log.write_text("")
 
@@ -68,9 +65,6 @@ class Checkout:
         if torch:
             (path.parent.parent / "has_torch").touch()
         return path
-
-    def venv(self, version: str, torch: bool = True) -> Path:
-        return self.python(".venv", version, torch)
 
     def run(self, *args: str, cmd: tuple[str, ...] = ("bash", "scripts/ensure_env.sh"),
             **env: str) -> subprocess.CompletedProcess:
@@ -105,10 +99,9 @@ def test_an_old_python_stops_in_one_sentence_before_pip(co, how):
     old = co.python("python3.10", "3.10")
     co.python("python3", "3.12")
     if "venv" in how:
-        co.venv("3.12")
+        co.python(".venv", "3.12", True)
     env = {"COURSE_PYTHON": str(old)} if how == "COURSE_PYTHON" else {"PYTHON": "python3.10"}
-    args = ("run", MAKE) if how == "make run" else ("--for=run", ("bash", "scripts/ensure_env.sh"))
-    proc = co.run(args[0], cmd=args[1], **env)
+    proc = co.run("run", cmd=MAKE, **env) if how == "make run" else co.run("--for=run", **env)
     assert proc.returncode != 0 and proc.stdout == ""
     said = env_lines(proc.stderr)
     assert len(said) == 1 and "is Python 3.10, and the course needs Python 3.11 or newer" in said[0]
@@ -116,44 +109,37 @@ def test_an_old_python_stops_in_one_sentence_before_pip(co, how):
     assert co.calls() == [] and (co.repo / ".venv").exists() == ("venv" in how)
 
 
-@pytest.mark.parametrize(("python3", "torch", "words"), [
-    ("3.10", False, "python3 is Python 3.10"), ("3.13", True, "not reusing it")],
-    ids=["old python3: the .venv", ".venv of another version: the active torch"])
-def test_the_working_python_is_taken_and_named_in_one_line(co, python3, torch, words):
-    co.python("python3", python3, torch=torch)
-    venv_py = co.venv("3.12")
-    proc = co.run("--for=run")
-    want = co.bin / "python3" if torch else venv_py
+@pytest.mark.parametrize(("made", "venv", "env", "uses", "fills", "words"), [
+    (("python3", "3.10"), ("3.12", True), {}, ".venv", False, ["python3 is Python 3.10", "3.12"]),
+    (("python3", "3.13", True), ("3.12", True), {}, "python3", False, ["not reusing it", "3.12"]),
+    (("python3.13", "3.13"), ("3.12", True), {"PYTHON": "python3.13"}, ".venv", True,
+     ["Python 3.12", "Python 3.13: recreating"]),
+    (("python3", "3.13"), ("3.11", False), {}, ".venv", True,
+     ["Python 3.11", "Python 3.13: recreating"]),
+    (("python3", "3.13"), ("3.13", False), {}, ".venv", True,
+     ["installing requirements.txt into it again"]),
+], ids=["old python3", "python3 with torch", "PYTHON=python3.13", ".venv 3.11", "interrupted"])
+def test_the_working_python_is_taken_and_a_venv_of_another_version_recreated(co, made, venv, env,
+                                                                            uses, fills, words):
+    co.python(*made)
+    venv_py = co.python(".venv", *venv)
+    proc = co.run("--for=run", **env)
+    want = venv_py if uses == ".venv" else co.bin / uses
     assert proc.returncode == 0 and proc.stdout.strip() == str(want), proc.stderr
     lines = env_lines(proc.stderr)
-    assert len(lines) == 1 and words in lines[0] and "3.12" in lines[0], lines
-    assert co.calls() == []
-
-
-@pytest.mark.parametrize(("asked", "env", "venv", "torch", "said"), [
-    ("python3.13", {"PYTHON": "python3.13"}, "3.12", True, "recreating"),
-    ("python3", {}, "3.11", False, "recreating"),
-    ("python3", {}, "3.13", False, "installing requirements.txt into it again"),
-], ids=["PYTHON=python3.13", "python3, a .venv without torch", "interrupted, same version"])
-def test_venv_of_another_version_is_recreated_and_an_interrupted_one_filled(co, asked, env, venv,
-                                                                            torch, said):
-    co.python(asked, "3.13")
-    venv_py = co.venv(venv, torch)
-    proc = co.run("--for=run", **env)
-    assert proc.returncode == 0 and proc.stdout.strip() == str(venv_py), proc.stderr
-    [line] = [line for line in env_lines(proc.stderr) if said in line]
-    assert said != "recreating" or f"Python {venv}" in line and "Python 3.13" in line, line
-    assert bool(co.calls("venv --clear python3")) == (said == "recreating"), co.calls()
-    assert "version = 3.13" in (co.repo / ".venv" / "pyvenv.cfg").read_text()
+    assert len(lines) == 1 + fills and all(w in lines[0] for w in words), lines
+    assert bool(co.calls("venv --clear python3")) == ("recreating" in words[-1]), co.calls()
+    cfg = co.repo / ".venv" / "pyvenv.cfg"
+    assert bool(co.calls()) == fills == (cfg.exists() and "version = 3.13" in cfg.read_text())
 
 
 def test_first_venv_says_what_it_installs_and_shows_pips_progress(co):
     co.python("python3", "3.12")
     proc = co.run("--for=run")
     assert proc.stdout == f"{co.repo / '.venv' / 'bin' / 'python'}\n", proc.stderr
-    said = env_lines(proc.stderr)
-    assert len(said) == 1 and "requirements.txt into .venv" in said[0], proc.stderr
-    assert CPU_HINT in said[0] and "CUDA build of several GB" in said[0]
+    [said] = env_lines(proc.stderr)
+    assert "requirements.txt into .venv" in said and "CUDA build of several GB" in said, said
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in said
     assert "[progress]" in proc.stderr, "pip's output goes to stderr"
     [install] = co.calls("pip ")
     assert " -r " in install and " -q" not in install, install
@@ -166,7 +152,7 @@ def test_first_venv_says_what_it_installs_and_shows_pips_progress(co):
 def test_a_package_pip_cannot_import_is_reinstalled_once_then_named(co, case):
     co.python("python3", "3.12")
     own = case == "COURSE_PYTHON"
-    py = co.python("python3.12", "3.12", torch=True) if own else co.venv("3.12")
+    py = co.python("python3.12", "3.12", torch=True) if own else co.python(".venv", "3.12", True)
     env = {"COURSE_PYTHON": str(py)} if own else {}
     proc = co.run("--for=run", FAKE_MISSING="nbformat", FAKE_BROKEN="nbformat",
                   FAKE_FIXES="1" if case == "repaired" else "", **env)
@@ -197,14 +183,12 @@ def test_only_the_tests_need_the_test_tools_and_a_python_keeps_its_torch(co, arg
     assert not [r for r in reqs if r.startswith(("torch==", "jupyterlab", "ipywidgets"))]
 
 
-@NEEDS_GIT
+@pytest.mark.skipif(not (shutil.which("git") and shutil.which("make")), reason="needs git, make")
 def test_a_checkout_under_a_path_with_a_space_sets_up_git_s_filter(tmp_path):
     """make quotes the .venv's path in its recipes and in git's filter, which strips outputs."""
-    import nbformat
-
     co = Checkout(tmp_path / "my course")
     co.python("python3", "3.12")
-    venv_py = co.venv("3.12")  # of the same version: reused, nothing installed
+    venv_py = co.python(".venv", "3.12", True)  # of the same version: reused, nothing installed
     assert co.run("--for=run").stdout == f"{venv_py}\n" and co.calls() == []
     assert "filter" in co.run("help", cmd=MAKE).stdout
     shutil.copy(ROOT / ".gitattributes", co.repo)
@@ -212,7 +196,14 @@ def test_a_checkout_under_a_path_with_a_space_sets_up_git_s_filter(tmp_path):
         nbformat.v4.new_output("execute_result", {"text/plain": "2"}, execution_count=1)])
     (co.repo / "notebooks").mkdir()
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), co.repo / "notebooks" / "01_x.ipynb")
+    said = {"not a git checkout": co.run("filter", cmd=MAKE)}  # an archive
     co.git("init", "-q")
+    (co.repo / ".git" / "config.lock").touch()  # git's lock: .git/config cannot be written
+    said[".git/config cannot be written"] = co.run("filter", cmd=MAKE)
+    (co.repo / ".git" / "config.lock").unlink()
+    for why, proc in said.items():
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        assert len(proc.stdout.splitlines()) == 1 and why in proc.stdout, proc.stdout
     proc = co.run("filter", cmd=MAKE)
     assert proc.stdout == ("make: set up git's nbstripout filter: notebooks/*.ipynb go into "
                            "commits without their outputs\n"), proc.stdout + proc.stderr
@@ -225,23 +216,7 @@ def test_a_checkout_under_a_path_with_a_space_sets_up_git_s_filter(tmp_path):
     assert '"id": "kept-id"' in staged
 
 
-@NEEDS_GIT
-@pytest.mark.parametrize("where", ["archive", "read-only checkout"])
-def test_make_filter_in_an_archive_or_a_read_only_checkout_says_so_in_one_line(co, where):
-    co.python("python3", "3.12")
-    co.venv("3.12")
-    if where != "archive":
-        co.git("init", "-q")
-        (co.repo / ".git" / "config.lock").touch()  # git's lock: .git/config cannot be written
-    proc = co.run("filter", cmd=MAKE)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    said = proc.stdout.splitlines()
-    assert len(said) == 1 and ("not a git checkout" if where == "archive" else
-                               ".git/config cannot be written") in said[0], said
-
-
-# The course's Python (labpython) and the lab's (.venv-lab); logs venv, pip, kernelspec and
-# jupyterlab calls as "course" or "lab". Probes: FAKE_OLD_LAB, FAKE_LAB_MISSING, FAKE_NO_VENV.
+# The course's Python (labpython) and the lab's (.venv-lab): logs each call as "course" or "lab"
 LAB_PYTHON = r"""#!/usr/bin/env bash
 case "$0" in */.venv-lab/bin/python) who=lab ;; *) who=course ;; esac
 log() { printf '%s\n' "$*" >> "$FAKE_LOG"; }
@@ -260,57 +235,41 @@ exit 0
 """
 
 
-@pytest.fixture
-def lab(co) -> Checkout:
+def test_make_lab_stops_without_venv_then_installs_loudly_once_with_root_only_as_root(co):
     py = _script(co.bin / "labpython", LAB_PYTHON)
     _script(co.repo / "scripts" / "ensure_env.sh", f"#!/usr/bin/env bash\necho {py}\n")
     shutil.copy(ROOT / "scripts" / "lab.sh", co.repo / "scripts")
     (co.repo / "notebooks").mkdir()
     _script(co.bin / "id", '#!/usr/bin/env bash\n[ "$1" = -u ] && echo "$FAKE_UID"\n')
-    return co
-
-
-def _pins(*names: str) -> str:
-    return " ".join(line for line in (ROOT / "requirements.txt").read_text().splitlines()
-                    if line.startswith(tuple(f"{n}==" for n in names)))
-
-
-@pytest.mark.parametrize("uid", ["0", "1000"])
-def test_make_lab_allows_root_only_as_root_and_installs_loudly(lab, uid):
-    proc = lab.run("lab", cmd=MAKE, FAKE_UID=uid)
+    proc = co.run("lab", cmd=MAKE, FAKE_UID="1000", FAKE_NO_VENV="1")
+    [said] = [line for line in proc.stderr.splitlines() if line.startswith("make lab:")]
+    assert proc.returncode != 0 and "apt-get install python3-venv" in said, proc.stderr
+    assert not co.calls("pip lab") and not co.calls("jupyterlab ")
+    co.log.write_text("")
+    proc = co.run("lab", cmd=MAKE, FAKE_UID="0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    lab_venv, prefix = lab.repo / ".venv-lab", lab.repo / ".venv-lab" / "course-kernel"
-    assert f"venv course {lab_venv}" in lab.calls(), "made by the course's Python"
-    pins = _pins("jupyterlab", "ipywidgets")  # the server's pins, without -q: pip's progress
-    assert lab.calls("pip ") == [f"pip course install -q {_pins('ipywidgets')}",
-                                 f"pip lab install {pins}"]
+    lab_venv, prefix = co.repo / ".venv-lab", co.repo / ".venv-lab" / "course-kernel"
+    assert f"venv course {lab_venv}" in co.calls(), "made by the course's Python"
+    reqs = (ROOT / "requirements.txt").read_text().splitlines()
+    pin = {line.split("==")[0]: line for line in reqs}
+    pins = f"{pin['jupyterlab']} {pin['ipywidgets']}"  # the server's, without -q: pip's progress
+    assert co.calls("pip ") == [f"pip course install -q {pin['ipywidgets']}",
+                                f"pip lab install {pins}"]
     assert f"installing {pins} into {lab_venv}" in proc.stdout
-    [server] = lab.calls("jupyterlab ")
-    args = server.split()
+    [args] = [call.split() for call in co.calls("jupyterlab ")]
     assert args[1] == "lab", "the server runs from the lab's environment"
-    assert "--ServerApp.ip=127.0.0.1" in args and "--no-browser" in args
-    assert ("--allow-root" in args) == (uid == "0") and args[-2] == "cwd=notebooks"
-    assert args[-1] == f"JUPYTER_PATH={prefix}/share/jupyter", "the course's kernelspec first"
-    [spec] = lab.calls("kernelspec course install")  # its kernel is the course's Python
+    assert {"--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root"} <= set(args), args
+    assert args[-2:] == ["cwd=notebooks", f"JUPYTER_PATH={prefix}/share/jupyter"], "its kernelspec"
+    [spec] = co.calls("kernelspec course install")  # its kernel is the course's Python
     assert f"--prefix {prefix} --name python3" in spec, spec
     assert "http://127.0.0.1:8888/lab?token=abc" in proc.stderr, "the URL line is not swallowed"
-
-
-@pytest.mark.parametrize("old_lab", ["", "1"], ids=["lab env", "jupyterlab in course Python"])
-def test_make_lab_installs_nothing_when_jupyterlab_is_there(lab, old_lab):
-    _script(lab.repo / ".venv-lab" / "bin" / "python", LAB_PYTHON)
-    proc = lab.run("lab", cmd=MAKE, FAKE_UID="1000", FAKE_LAB_MISSING="0", FAKE_OLD_LAB=old_lab)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert lab.calls("pip ") == [] and not lab.calls("venv ") and "installing" not in proc.stdout
-    assert lab.calls("kernelspec course"), "the kernelspec is written on every start"
-    said = [line for line in proc.stdout.splitlines() if "JupyterLab's server" in line]
-    assert len(said) == bool(old_lab) and all("make test" in s and "rm -rf .venv" in s
-                                              for s in said), proc.stdout
-
-
-def test_make_lab_without_the_venv_module_stops_in_one_sentence(lab):
-    proc = lab.run("lab", cmd=MAKE, FAKE_UID="1000", FAKE_NO_VENV="1")
-    assert proc.returncode != 0
-    said = [line for line in proc.stderr.splitlines() if line.startswith("make lab:")]
-    assert len(said) == 1 and "apt-get install python3-venv" in said[0], proc.stderr
-    assert not lab.calls("pip lab") and not lab.calls("jupyterlab ")
+    for old_lab in ("", "1"):  # then as a user, jupyterlab there; "1": also in the course's
+        co.log.write_text("")
+        proc = co.run("lab", cmd=MAKE, FAKE_UID="1000", FAKE_LAB_MISSING="0", FAKE_OLD_LAB=old_lab)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert co.calls("pip ") == co.calls("venv ") == [] and "installing" not in proc.stdout
+        assert co.calls("kernelspec course"), "the kernelspec is written on every start"
+        assert "--allow-root" not in co.calls("jupyterlab ")[0].split()
+        said = [line for line in proc.stdout.splitlines() if "JupyterLab's server" in line]
+        assert len(said) == bool(old_lab) and all("make test" in s and "rm -rf .venv" in s
+                                                  for s in said), proc.stdout

@@ -2,6 +2,7 @@
 
 import errno
 import fcntl
+import importlib.metadata as md
 import json
 import signal
 import subprocess
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from coursetools import runner
-from helpers import errors, machine, results
+from helpers import environment, errors, machine, results
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,8 +46,8 @@ def _intact(out: Path) -> bool:
             and (out / "results" / "old_table.csv").read_text() == "a\n1\n")
 
 
-def _visible(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+def _visible(folder: Path) -> list[str]:  # what is there besides the notebooks and the lock
+    return sorted(p.name for p in folder.iterdir() if p.suffix != ".ipynb" and p.name[0] != ".")
 
 
 def _full(*_args, **_kwargs):
@@ -66,20 +68,26 @@ def _fake_execute(outcomes: dict[str, str], monkeypatch) -> None:
     monkeypatch.setattr(runner, "execute", execute)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--profile", "bogus"], "unknown profile 'bogus'"),
-    (["--profile", "full"], "the 'full' profile needs a CUDA GPU"),  # none here, nor in CI
-    (["--profile", "Smoke", "--check"], None),  # checks only, and names are case-insensitive
+@pytest.mark.parametrize("args, env, said", [
+    (["--profile", "bogus"], {}, "unknown profile 'bogus'"),
+    (["--profile", "full"], {}, "the 'full' profile needs a CUDA GPU"),  # none here, nor in CI
+    (["--profile", "Smoke", "--check"], {}, None),  # checks only, names are case-insensitive
+    (["--check"], {"COURSE_RESULTS_DIR": "/tmp/elsewhere"}, "COURSE_RESULTS_DIR=/tmp/elsewhere "
+     "is set, but a run keeps its tables beside its notebooks, in <out>/results: unset it"),
+    (["--check"], {"COURSE_PROFLE": "full"}, "COURSE_PROFLE is not a course setting (did you "
+     "mean COURSE_PROFILE?)"),
 ])
-def test_a_profile_that_cannot_run_is_refused_before_any_notebook(tmp_path, capsys, args,
-                                                                  message):
+def test_a_profile_or_setting_that_cannot_run_is_refused_before_any_notebook(
+        tmp_path, monkeypatch, capsys, args, env, said):
+    for name, value in {**env, "COURSE_SOMETHING_NEW": "1"}.items():  # not close: left alone
+        monkeypatch.setenv(name, value)
     out = _previous_run(tmp_path / "run")
     nb = _notebook(tmp_path / "a.ipynb", "raise SystemExit('must not run')")
-    assert runner.main([str(nb), "--out", str(out), *args]) == (2 if message else 0)
+    assert runner.main([str(nb), "--out", str(out), *args]) == (2 if said else 0)
     captured = capsys.readouterr()
-    assert captured.err.startswith(f"runner: error: {message}" if message else "")
-    assert captured.err.count("\n") == bool(message) and captured.out == ""  # no banner
-    assert _intact(out) and _visible(tmp_path) == ["a.ipynb", "run", "run-1"]
+    assert captured.err.startswith(f"runner: error: {said}" if said else "")
+    assert captured.err.count("\n") == bool(said) and captured.out == ""  # no banner
+    assert _intact(out) and _visible(tmp_path) == ["run", "run-1"]
 
 
 def test_an_output_folder_that_cannot_be_written_is_named_first(tmp_path, capsys):
@@ -99,16 +107,17 @@ def test_a_second_run_into_the_same_folder_is_refused(tmp_path, capsys):
         fcntl.flock(first, fcntl.LOCK_EX | fcntl.LOCK_NB)
         for check in ([], ["--check"]):
             assert runner.main([str(nb), "--out", str(out), "--profile", "smoke", *check]) == 2
-            err = capsys.readouterr().err
-            assert err == (f"runner: error: another run is writing to {out} now: wait for it to "
-                           "end, or choose another folder with --out (make run OUT=...)\n")
-    assert _intact(out) and _visible(tmp_path) == ["a.ipynb", "run", "run-1"]
+            assert capsys.readouterr().err == (
+                f"runner: error: another run is writing to {out} now: wait for it to end, or "
+                "choose another folder with --out (make run OUT=...)\n")
+    assert _intact(out) and _visible(tmp_path) == ["run", "run-1"]
 
 
 def test_only_a_complete_run_replaces_the_last_complete_one(tmp_path, monkeypatch, capsys):
     """A complete run becomes <out>, older ones go; an incomplete one stays beside (newest only)."""
     a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
-    out = tmp_path / "run"
+    runs = tmp_path / "runs"
+    out = runs / "run"
 
     def run(**outcomes):
         _fake_execute({f"{k}.ipynb": v for k, v in outcomes.items()}, monkeypatch)
@@ -116,23 +125,19 @@ def test_only_a_complete_run_replaces_the_last_complete_one(tmp_path, monkeypatc
         return code, capsys.readouterr().out.splitlines()[-1]
 
     assert run(a="ValueError: planted", b="") == (
-        1, f"this run is incomplete (a.ipynb FAILED): it is in {tmp_path / 'run-1'}; there is "
+        1, f"this run is incomplete (a.ipynb FAILED): it is in {runs / 'run-1'}; there is "
         f"no complete run in {out} yet")
-    assert not out.exists() and (tmp_path / "run-1" / "summary.json").exists()
+    assert not out.exists() and (runs / "run-1" / "summary.json").exists()
     assert run(a="", b="") == (0, f"executed notebooks and results: {out}")
-    assert out.resolve() == tmp_path / "run-2" and _visible(tmp_path) == [
-        "a.ipynb", "b.ipynb", "run", "run-2"]  # the failed run before it went
+    assert out.resolve() == runs / "run-2" and _visible(runs) == ["run", "run-2"]  # run-1 went
     assert json.loads((out / "summary.json").read_text())["notebooks"]["a.ipynb"]["ok"]
     assert run(a="ValueError: planted", b="")[0] == 1
     assert run(a="") == (130, f"this run is incomplete (b.ipynb interrupted): it is in "
-                              f"{tmp_path / 'run-4'}; {out} still holds the last complete run")
-    assert out.resolve() == tmp_path / "run-2" and _visible(tmp_path) == [
-        "a.ipynb", "b.ipynb", "run", "run-2", "run-4"]  # the newest incomplete run only
-    (tmp_path / "run-2").rename(tmp_path / "old-layout")  # a run from before runs had folders
-    out.unlink()
-    (tmp_path / "old-layout").rename(out)
-    assert run(a="", b="")[0] == 0 and _visible(tmp_path) == ["a.ipynb", "b.ipynb", "run",
-                                                              "run-5"]
+                              f"{runs / 'run-4'}; {out} still holds the last complete run")
+    assert out.resolve() == runs / "run-2" and _visible(runs) == ["run", "run-2", "run-4"]
+    out.unlink()  # a run from before runs had folders: <out> itself a folder
+    (runs / "run-2").rename(out)
+    assert run(a="", b="")[0] == 0 and _visible(runs) == ["run", "run-5"]
 
 
 @pytest.mark.slow
@@ -156,8 +161,7 @@ def test_ctrl_c_ends_with_130_a_line_and_the_executed_copy(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (stdout, stderr)
-    assert "Traceback" not in stderr + stdout
+    assert proc.returncode == 130 and "Traceback" not in stderr + stdout, (stdout, stderr)
     assert any(x.startswith("slow.ipynb") and "interrupted" in x for x in stdout.splitlines())
     executed = nbformat.read(tmp_path / "run-1" / "slow.ipynb", as_version=4)
     assert "first cell ran" in executed.cells[0].outputs[0]["text"]
@@ -165,12 +169,6 @@ def test_ctrl_c_ends_with_130_a_line_and_the_executed_copy(tmp_path):
 
 
 def test_the_unrelated_pypi_apex_is_named(monkeypatch, capsys):
-    import importlib.metadata as md
-
-    import torch
-
-    from helpers import environment
-
     monkeypatch.setattr(md, "packages_distributions", lambda: {"apex": ["apex"]})
     monkeypatch.setattr(md, "metadata", lambda name: {"Name": "apex", "Version": "0.9.10dev"})
     header = environment.format_report(environment.environment_report())
@@ -194,10 +192,9 @@ def test_a_corrupt_notebook_is_named_and_the_run_goes_on(tmp_path, capsys):
     out_, err = capsys.readouterr()
     table = {x.split()[0]: x.split()[3] for x in out_.splitlines() if x.startswith(("01", "02"))}
     assert table == {"01_cut.ipynb": "FAILED", "02_good.ipynb": "ok"} and "Traceback" not in err
-    said = [line for line in err.splitlines() if "01_cut.ipynb" in line]
-    assert len(said) == 1 and said[0].startswith(f"FAILED 01_cut.ipynb: {cut} is not a readable "
-                                                 "notebook (not JSON:"), err
-    assert f"restore it with 'git checkout -- {cut}'" in said[0] and "git diff" in said[0]
+    [said] = [line for line in err.splitlines() if "01_cut.ipynb" in line]
+    assert said.startswith(f"FAILED 01_cut.ipynb: {cut} is not a readable notebook (not JSON:")
+    assert f"restore it with 'git checkout -- {cut}'" in said and "git diff" in said
     executed = nbformat.read(tmp_path / "run-1" / "02_good.ipynb", as_version=4)
     assert executed.cells[0].outputs[0]["text"] == "ran after the cut one\n"
     assert runner.main([str(cut), str(good), "--out", str(out), "--param", "x=1"]) == 2
@@ -218,29 +215,27 @@ def test_a_full_disk_during_a_run_removes_it_and_keeps_the_last_complete_one(tmp
     assert "a run needs about 0.1 MB (the last run's size)" in err[0] and "--out" in err[0]
     assert err[0].endswith(f"this run was removed and {out} still holds the last complete run")
     assert "b.ipynb" in captured.out and "c.ipynb" not in captured.out  # stopped there
-    assert _intact(out) and _visible(tmp_path) == ["a.ipynb", "b.ipynb", "c.ipynb", "run",
-                                                   "run-1"]
+    assert _intact(out) and _visible(tmp_path) == ["run", "run-1"]
 
 
+@pytest.mark.parametrize("write", ["the executed copy", "the summary"])
 def test_a_full_disk_on_the_runners_own_write_is_one_sentence_too(tmp_path, monkeypatch,
-                                                                 capsys):
+                                                                 capsys, write):
     out = tmp_path / "run"
-    a = _notebook(tmp_path / "a.ipynb", "1")
-    _fake_execute({"a.ipynb": ""}, monkeypatch)
-    monkeypatch.setattr(runner, "write_summary", _full)
-    assert runner.main([str(a), "--out", str(out), "--profile", "smoke"]) == 1
-    err = capsys.readouterr().err
+    a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
+    if write == "the summary":
+        _fake_execute({"a.ipynb": "", "b.ipynb": ""}, monkeypatch)
+        monkeypatch.setattr(runner, "write_summary", _full)
+    else:
+        monkeypatch.setattr(runner.papermill, "execute_notebook", _full)
+    assert runner.main([str(a), str(b), "--out", str(out), "--profile", "smoke"]) == 1
+    stdout, err = capsys.readouterr()
     assert err.count("\n") == 1 and "is full" in err and "Traceback" not in err
     assert err.endswith(f"this run was removed and there is no complete run in {out} yet\n")
-    assert _visible(tmp_path) == ["a.ipynb"]
-
-
-def test_the_executed_copy_on_a_full_disk_stops_the_run(tmp_path, monkeypatch):
-    a, b = _notebook(tmp_path / "a.ipynb", "1"), _notebook(tmp_path / "b.ipynb", "2")
-    monkeypatch.setattr(runner.papermill, "execute_notebook", _full)  # the executed copy's write
-    runs = runner.run_all([a, b], tmp_path / "out", profile="smoke")
-    assert [r.name for r in runs] == ["a.ipynb"] and not runs[0].ok
-    assert results.NO_SPACE in runs[0].error and "writing" in runs[0].error
+    assert _visible(tmp_path) == []
+    if write == "the executed copy":  # a's copy failed: the run stopped there
+        [line] = [x for x in stdout.splitlines() if x.startswith(("a.ipynb", "b.ipynb"))]
+        assert line.startswith("a.ipynb") and results.NO_SPACE in line and "(writing " in line
 
 
 def test_a_run_that_would_not_fit_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
@@ -269,26 +264,7 @@ def test_a_results_write_on_a_full_disk_is_one_sentence_and_leaves_no_temporary(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name, value, said", [
-    ("COURSE_RESULTS_DIR", "/tmp/elsewhere", "COURSE_RESULTS_DIR=/tmp/elsewhere is set, but a "
-     "run keeps its tables beside its notebooks, in <out>/results: unset it"),
-    ("COURSE_PROFLE", "full", "COURSE_PROFLE is not a course setting (did you mean "
-     "COURSE_PROFILE?)"),
-])
-def test_a_setting_the_runner_would_ignore_is_refused_first(tmp_path, monkeypatch, capsys, name,
-                                                           value, said):
-    monkeypatch.setenv(name, value)
-    monkeypatch.setenv("COURSE_SOMETHING_NEW", "1")  # not close to a course setting: left alone
-    nb = _notebook(tmp_path / "a.ipynb", "raise SystemExit('must not run')")
-    assert runner.main([str(nb), "--out", str(tmp_path / "run"), "--check"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"runner: error: {said}") and err.count("\n") == 1
-    assert _visible(tmp_path) == ["a.ipynb"]
-
-
 def test_an_unwritable_results_folder_stops_a_notebook_at_its_header(tmp_path, monkeypatch):
-    from helpers import environment
-
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(blocker / "results"))
@@ -298,15 +274,10 @@ def test_an_unwritable_results_folder_stops_a_notebook_at_its_header(tmp_path, m
 
 
 def test_the_runner_under_a_python_without_the_course_packages_says_which_python():
-    hide = ("import importlib.abc, runpy, sys\n"
-            "class Hide(importlib.abc.MetaPathFinder):\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] in ('nbformat', 'papermill'):\n"
-            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-            "sys.meta_path.insert(0, Hide())\n"
-            "sys.argv = ['runner', '--help']\n"
+    hide = ("import runpy, sys\n"
+            "sys.modules['nbformat'] = sys.modules['papermill'] = None  # not importable\n"
             "runpy.run_module('coursetools.runner', run_name='__main__', alter_sys=True)\n")
-    proc = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", hide, "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == (f"runner: error: this Python ({sys.executable}) has no nbformat: run "

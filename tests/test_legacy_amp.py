@@ -1,7 +1,5 @@
 """Notebook 04's chapter module and its legacy script cell, on the CPU (stand-in apex.amp)."""
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import sys
@@ -15,26 +13,14 @@ import torch.nn.functional as F
 
 from helpers import errors
 from helpers.chapters import legacy_amp
-from helpers.chapters.legacy_amp import TrainConfig
 
-REPO = Path(__file__).resolve().parents[1]
-NOTEBOOK = REPO / "notebooks" / "04_legacy_apex_amp_vs_torch_amp.ipynb"
-CFG = TrainConfig.smoke()
+NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "04_legacy_apex_amp_vs_torch_amp.ipynb"
+CFG = legacy_amp.TrainConfig.smoke()
 
 
 @pytest.fixture(scope="module")
 def batches():
     return legacy_amp.make_batches(CFG, "cpu")
-
-
-@pytest.fixture()
-def script(tmp_path) -> Path:
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    (cell,) = [c for c in nb.cells if c.cell_type == "code"
-               and c.source.startswith("%%writefile")]
-    path = tmp_path / "04_legacy_amp.py"
-    path.write_text(cell.source.split("\n", 1)[1] + "\n")
-    return path
 
 
 device = torch.device("cpu")  # the recipes the launch hands the script read `device`
@@ -63,17 +49,20 @@ def step_plain(model, optimizer, scaler, x, y):
 
 
 @pytest.fixture()
-def recipes(tmp_path) -> str:
-    return str(legacy_amp.write_recipes(tmp_path / "04_recipes.py", {
-        "fp32": (build_plain, step_plain), "scaled": (build_scaled, step_plain)}))
+def launch(tmp_path):
+    """Notebook 04's script cell, run in a child on a plan with these legacy keys."""
+    (cell,) = [c for c in nbformat.read(NOTEBOOK, as_version=4).cells
+               if c.cell_type == "code" and c.source.startswith("%%writefile")]
+    script = tmp_path / "04_legacy_amp.py"
+    script.write_text(cell.source.split("\n", 1)[1] + "\n")
+    recipes = legacy_amp.write_recipes(tmp_path / "04_recipes.py", {
+        "fp32": (build_plain, step_plain), "scaled": (build_scaled, step_plain)})
+    plan = {"config": dataclasses.asdict(CFG), "recipes": str(recipes), "check_recipe": "scaled",
+            "timed_recipes": ["fp32", "scaled"], "device": "cpu"}
+    return lambda legacy_dir=None, **legacy: legacy_amp.launch(
+        script, plan | legacy, tmp_path / "out.json", legacy_dir=legacy_dir, timeout=300)
 
 
-def _plan(recipes: str, **legacy) -> dict:
-    return {"config": dataclasses.asdict(CFG), "recipes": recipes, "check_recipe": "scaled",
-            "timed_recipes": ["fp32", "scaled"], "device": "cpu", **legacy}
-
-
-# ------------------------------------------------------------------ model, data, records
 def test_seeds_draw_weights_and_inputs_of_one_task(batches):
     legacy_amp._BUILT.clear()
     first = legacy_amp.make_model(CFG)
@@ -103,7 +92,6 @@ def test_rounds_of_rotates_rebuilds_and_drops_a_failing_candidate():
     assert list(failed) == ["c"] and entered[:5] == ["a", "b", "c", "b", "a"]  # c not rebuilt
 
 
-# ------------------------------------------------------------------ checks
 @pytest.mark.parametrize("honest", [True, False])
 def test_forced_overflow_is_skipped_only_by_a_scaler_that_skips(batches, honest):
     model, optimizer, scaler = build_scaled(CFG)
@@ -133,21 +121,18 @@ def test_gradient_formats_see_underflow_and_what_scaling_fixes(batches, monkeypa
     assert bf16["underflow_pct"] == fp32["underflow_pct"] == 0
 
 
-# What the legacy Apex sets per opt level (apex/amp/frontend.py, last commit with apex.amp):
-# cast_model_type, patch_torch_functions, keep_batchnorm_fp32, master_weights, loss_scale.
-LEGACY_FRONTEND_OPTIONS = {level: dict(zip(
-    ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
-     "loss_scale"), values, strict=True)) for level, values in {
-    "O0": ("float32", False, None, False, 1.0), "O1": (None, True, None, None, "dynamic"),
-    "O2": ("float16", False, True, True, "dynamic"), "O3": ("float16", False, False, False, 1.0),
-}.items()}
-
-
 def test_the_notebooks_map_matches_the_legacy_frontend():  # a mismatch: test_reading_04
+    # what the legacy Apex sets per opt level (apex/amp/frontend.py, last commit with apex.amp)
+    keys = ("cast_model_type", "patch_torch_functions", "keep_batchnorm_fp32", "master_weights",
+            "loss_scale")
+    legacy = {level: dict(zip(keys, values, strict=True)) for level, values in {
+        "O0": ("float32", False, None, False, 1.0), "O1": (None, True, None, None, "dynamic"),
+        "O2": ("float16", False, True, True, "dynamic"),
+        "O3": ("float16", False, False, False, 1.0)}.items()}
     namespace: dict = {}
     exec(next(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells
               if c.id == "22eb5177"), namespace)
-    rows = legacy_amp.options_check(LEGACY_FRONTEND_OPTIONS, namespace["level_options"])
+    rows = legacy_amp.options_check(legacy, namespace["level_options"])
     assert len(rows) == 20 and all(r["matches"] for r in rows), rows
 
 
@@ -166,8 +151,7 @@ def test_fused_kernel_check_names_what_is_missing(tmp_path, monkeypatch):
     assert not check["ok"] and not check["missing"] and "CUDA" in check["why"]
 
 
-# ------------------------------------------------------------------ the plan
-def test_o3_eps_and_the_plan_are_refused_in_one_sentence():
+def test_o3_eps_the_plan_and_recipes_without_source_are_refused_in_one_sentence(tmp_path):
     assert legacy_amp.check_eps([1e-4, "0.001"]) == (1e-4, 1e-3)
     for bad in (0, 2.0, (1e-3, -1.0), "x", None):
         with pytest.raises(errors.CourseError) as exc:
@@ -177,42 +161,27 @@ def test_o3_eps_and_the_plan_are_refused_in_one_sentence():
                  {"o3_eps": [2.0]}):
         assert legacy_amp.plan_problem(plan)
     assert legacy_amp.plan_problem({"levels": ["O1"], "o3_eps": [1e-3]}) == ""
-
-
-def test_write_recipes_refuses_a_function_without_source(tmp_path):
-    namespace: dict = {}
-    exec("def build(cfg):\n    return None\n", namespace)  # no source to read back
+    build = eval("lambda cfg: None")  # no source to read back
     with pytest.raises(errors.CourseError, match="re-run section 4"):
-        legacy_amp.write_recipes(tmp_path / "x.py", {"x": (namespace["build"], step_plain)})
+        legacy_amp.write_recipes(tmp_path / "x.py", {"x": (build, step_plain)})
 
 
-# ------------------------------------------------------------------ the script cell
-def test_launch_turns_a_crash_into_one_line(script, recipes, tmp_path):
-    payload = legacy_amp.launch(script, _plan(recipes, levels=["O9"]), tmp_path / "x.json",
-                                timeout=300)
-    assert payload["returncode"] == 2 and payload["runs"] == []
+def test_launch_turns_a_crash_into_one_line(launch):
+    payload = launch(levels=["O9"])
+    assert payload["returncode"] == 2 and payload["runs"] == [] and "\n" not in payload["error"]
     assert payload["error"].startswith("the child process exited with 2; its last error: ")
     assert payload["error"].endswith("error: unknown opt level O9: use O0, O1, O2, O3")
-    assert "\n" not in payload["error"]
 
 
 # A CPU stand-in for the legacy package with the names the script touches.
 FAKE_AMP = '''
-import contextlib, os, types
-import torch
+import contextlib, os, types, torch
 import torch.nn.functional as F
 from . import amp as _amp_module
 
 OPTIONS = {"O0": (torch.float32, False, 1.0), "O1": (None, True, "dynamic"),
            "O2": (torch.float16, False, "dynamic"), "O3": (torch.float16, False, 1.0)}
 _amp_state = types.SimpleNamespace()
-
-class _Scaler:
-    def __init__(self, scale):
-        self.dynamic = scale == "dynamic"
-        self._loss_scale = 2.0 ** 16 if self.dynamic else scale
-    def loss_scale(self):
-        return self._loss_scale
 
 def initialize(model, optimizer, opt_level="O1", verbosity=1):
     with open(os.environ["FAKE_AMP_LOG"], "a") as log:  # the eps each optimizer came with
@@ -221,32 +190,29 @@ def initialize(model, optimizer, opt_level="O1", verbosity=1):
     _amp_state.opt_properties = types.SimpleNamespace(options={
         "cast_model_type": cast, "patch_torch_functions": patch,
         "master_weights": opt_level == "O2", "loss_scale": scale})
-    _amp_state.loss_scalers = [_Scaler(scale)]
+    scaler = types.SimpleNamespace(dynamic=scale == "dynamic",
+                                   value=2.0 ** 16 if scale == "dynamic" else scale)
+    scaler.loss_scale = lambda: scaler.value
+    _amp_state.loss_scalers = [scaler]
     if patch:
         original = F.linear
-        def linear(x, w, b=None):
-            return original(x.half(), w.half(), None if b is None else b.half())
+        F.linear = lambda x, w, b=None: original(x.half(), w.half(),
+                                                 None if b is None else b.half())
         handle = types.SimpleNamespace(_all_wrappers=[(F, "linear", original)])
-        F.linear = linear
         _amp_state.handle = _amp_module._DECORATOR_HANDLE = handle
     return model, optimizer
 
 @contextlib.contextmanager
 def scale_loss(loss, optimizer):
     scaler = _amp_state.loss_scalers[0]
-    scale = scaler.loss_scale()
-    yield loss.float() * scale
+    yield loss.float() * scaler.value
     grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-    overflow = not all(bool(torch.isfinite(g).all()) for g in grads)
-    if scaler.dynamic and overflow:
-        scaler._loss_scale = scale / 2
-        step = optimizer.step
-        def skip(closure=None):
-            optimizer.step = step
-        optimizer.step = skip
+    if scaler.dynamic and not all(bool(torch.isfinite(g).all()) for g in grads):
+        scaler.value, step = scaler.value / 2, optimizer.step
+        optimizer.step = lambda closure=None: setattr(optimizer, "step", step)  # skips one step
     else:
         for g in grads:
-            g.div_(scale)
+            g.div_(scaler.value)
 '''
 
 
@@ -265,11 +231,9 @@ def fake_apex(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_script_cell_runs_levels_overflow_and_both_apis_in_the_same_rounds(
-        script, recipes, fake_apex, tmp_path, batches):
-    plan = _plan(recipes, levels=["O0", "O1", "O3"], o3_eps=[1e-3], overflow_levels=["O1"],
-                 fused_levels=["O1"], timed_levels=["O1"])
-    payload = legacy_amp.launch(script, plan, tmp_path / "fake.json", legacy_dir=fake_apex,
-                                timeout=300)
+        launch, fake_apex, tmp_path, batches):
+    payload = launch(fake_apex, levels=["O0", "O1", "O3"], o3_eps=[1e-3], overflow_levels=["O1"],
+                     fused_levels=["O1"], timed_levels=["O1"])
     assert payload["error"] == "" and payload["import_error"] == "", payload
     runs = {r.label: r for r in legacy_amp.runs_of(payload)}
     assert list(runs) == ["torch.amp scaled (child)", "apex.amp O0", "apex.amp O1",
@@ -286,18 +250,15 @@ def test_script_cell_runs_levels_overflow_and_both_apis_in_the_same_rounds(
     assert set(payload["rounds"]) == {"torch.amp fp32", "torch.amp scaled", "apex.amp O1"}
     # the eps amp.initialize received: the default, then 1e-3; the probe; one per round + 1
     log = (tmp_path / "initialized.txt").read_text().split("\n")[:-1]
-    assert log == ["O0 1e-08", "O1 1e-08", "O3 1e-08", "O3 0.001"] + ["O1 1e-08"] * (
-        2 + CFG.rounds)
+    assert log == ["O0 1e-08", "O1 1e-08", "O3 1e-08", "O3 0.001"] + ["O1 1e-08"] * (2 + CFG.rounds)
     (honest,) = payload["overflow"]
     assert honest["inf_injected"] and honest["scale_halved"] and honest["params_unchanged"]
 
 
-def test_child_refuses_an_apex_from_elsewhere(script, recipes, fake_apex, tmp_path,
-                                              monkeypatch):
+def test_child_refuses_an_apex_from_elsewhere(launch, fake_apex, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(fake_apex))  # apex importable, but not the legacy dir
-    plan = _plan(recipes, levels=["O1"], overflow_levels=["O2"], timed_levels=["O1"])
-    payload = legacy_amp.launch(script, plan, tmp_path / "x.json",
-                                legacy_dir=tmp_path / "elsewhere", timeout=300)
+    payload = launch(tmp_path / "elsewhere", levels=["O1"], overflow_levels=["O2"],
+                     timed_levels=["O1"])
     assert "not from the legacy install" in payload["import_error"], payload
     assert payload["error"] == "" and payload["overflow"][0]["error"] == payload["import_error"]
     assert legacy_amp.runs_of(payload)[-1].error == payload["import_error"]

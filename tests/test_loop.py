@@ -14,12 +14,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_core.application import JupyterApp
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = "notebooks/01_environment_and_apex_build.ipynb"  # the quickest in the smoke profile
 LOOP_FILES = ("Makefile", ".gitattributes", "tests/test_hygiene.py")  # from the working tree
-# git reads neither the user's nor the system's settings (a global nbstripout filter, say)
-GIT_ISOLATED = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+GIT_ISOLATED = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}  # no user's filter
 LAB_VENV = Path(os.environ.get("COURSE_LAB_VENV") or ROOT / ".venv-lab")  # make lab's LAB_VENV
 LAB_SCRIPT = ROOT / "scripts" / "lab.sh"
 
@@ -86,12 +86,9 @@ def test_run_save_test_commit_keeps_the_sources_clean(clone):
           "--ExecutePreprocessor.timeout=120", NOTEBOOK], clone, timeout=240)
     dirty = _problems(nb_path.read_text())
     assert dirty
-    # no filter yet: one sentence says what to run
     assert check() == (f"{NOTEBOOK} {dirty[0]} and git's nbstripout filter, which keeps outputs "
                        "out of commits, is not set up in this clone: run `make filter`")
-    assert _make("filter", clone).strip() == ("make: set up git's nbstripout filter: "
-                                              "notebooks/*.ipynb go into commits without their "
-                                              "outputs")
+    _make("filter", clone)  # its sentence: test_env_start
     assert _make("filter", clone).strip() == "" and check() is None
     _run(["git", "diff", "--exit-code"], clone)
     # an edit, saved with outputs: git takes the edit without outputs or kernel metadata
@@ -120,14 +117,7 @@ def test_run_save_test_commit_keeps_the_sources_clean(clone):
     _run(["git", "diff", "--exit-code"], clone)
 
 
-def _lab_venv_holds(*packages: str) -> bool:
-    sites = list(LAB_VENV.glob("lib/python3*/site-packages"))
-    return (LAB_VENV / "bin" / "python").exists() and any(
-        all((site / p).is_dir() for p in packages) for site in sites)
-
-
-# run by a Python with jupyter_server: the options are ServerApp's, and answer_yes skips the
-# "Shut down this Jupyter server (y/[n])?" question (ServerApp._confirm_exit reads it)
+# run by a Python with jupyter_server; answer_yes skips ServerApp._confirm_exit's question
 SERVER_TRAITS = """
 import inspect, sys
 from jupyter_server.serverapp import ServerApp
@@ -138,34 +128,27 @@ assert "self.answer_yes" in inspect.getsource(ServerApp._confirm_exit)
 
 
 def test_make_lab_stops_on_one_ctrl_c_without_a_question():
-    from jupyter_core.application import JupyterApp
-
     start = LAB_SCRIPT.read_text().split('exec "$lab_py" -m jupyterlab', 1)[1]
     options = dict(re.findall(r"--ServerApp\.(\w+)=(\S+)", start))
     assert options.get("answer_yes") == "True", "make lab passes --ServerApp.answer_yes=True"
     assert "answer_yes" in JupyterApp.class_traits(config=True)  # ServerApp's base's trait
+    server_python = LAB_VENV / "bin" / "python"  # make lab's, unless this one has the server
     if importlib.util.find_spec("jupyter_server") is not None:
-        server_python = sys.executable
-    elif _lab_venv_holds("jupyter_server"):
-        server_python = str(LAB_VENV / "bin" / "python")
-    else:
+        server_python = Path(sys.executable)
+    elif not (server_python.exists()
+              and any(LAB_VENV.glob("lib/python3*/site-packages/jupyter_server"))):
         pytest.skip("no lab environment here (make lab makes one)")
     proc = subprocess.run([server_python, "-c", SERVER_TRAITS, *options], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
-def _kernelspecs(prefix: Path) -> dict[str, dict]:
-    return {d.name: json.loads((d / "kernel.json").read_text())
-            for d in (prefix / "share" / "jupyter" / "kernels").iterdir()}
-
-
 def test_make_lab_gives_the_notebooks_the_course_python_as_their_kernel(tmp_path):
-    """The kernelspec carries the notebooks' name (a save keeps their metadata) and runs this
-    Python, not the lab's."""
+    """Its name is the notebooks' (a save keeps their metadata); it runs this Python."""
     subprocess.run(["bash", str(LAB_SCRIPT), "--kernelspec-only", sys.executable, str(tmp_path)],
                    check=True, capture_output=True, timeout=60)
-    specs = _kernelspecs(tmp_path)
+    specs = {d.name: json.loads((d / "kernel.json").read_text())
+             for d in (tmp_path / "share" / "jupyter" / "kernels").iterdir()}
     notebooks = [nbformat.read(p, as_version=4) for p in ROOT.glob("notebooks/*.ipynb")]
     assert {(name, spec["display_name"]) for name, spec in specs.items()} == {
         (nb.metadata.kernelspec.name, nb.metadata.kernelspec.display_name) for nb in notebooks}
