@@ -9,31 +9,28 @@ import torch
 from helpers import bench, ceilings, gpt, kernels, run_profile
 
 CPU = torch.device("cpu")
+SMALL = gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=256)
 
 
-def _tiny() -> gpt.GPTConfig:
-    return gpt.GPTConfig(n_layer=2, d_model=32, n_head=4, seq_len=16, vocab=256)
-
-
-def test_forward_shapes_and_a_fresh_models_loss():
+def test_forward_shapes_loss_and_norms_and_either_attention_is_causal_and_both_agree():
     torch.manual_seed(0)
-    cfg = _tiny()
-    model = gpt.GPT(cfg)
-    idx = torch.randint(0, cfg.vocab, (3, cfg.seq_len))
-    assert model(idx).shape == (3, cfg.seq_len, cfg.padded_vocab)
-    loss = model(idx, torch.randint(0, cfg.vocab, (3, cfg.seq_len)))
+    calls = []
+
+    def counting(d: int) -> torch.nn.LayerNorm:  # an injected norm, counting its calls
+        norm = torch.nn.LayerNorm(d)
+        norm.register_forward_hook(lambda *_: calls.append(1))
+        return norm
+
+    manual, fused = gpt.GPT(SMALL, attention="manual", norm=counting), gpt.GPT(SMALL)  # sdpa
+    fused.load_state_dict(manual.state_dict())
+    idx = torch.randint(0, SMALL.vocab, (2, SMALL.seq_len))
+    assert manual(idx).shape == (2, SMALL.seq_len, SMALL.padded_vocab)
+    assert len(calls) == 2 * SMALL.n_layer + 1
+    loss = manual(idx, torch.randint(0, SMALL.vocab, (2, SMALL.seq_len)))
     assert loss.dim() == 0 and abs(loss.item() - math.log(256)) < 0.3  # near uniform
     assert [gpt.pad_vocab(v) for v in (256, 257, 50257)] == [256, 320, 50304]
-
-
-def test_either_attention_is_causal_and_both_agree():
-    torch.manual_seed(0)
-    cfg = _tiny()
-    manual, fused = gpt.GPT(cfg, attention="manual"), gpt.GPT(cfg, attention="sdpa")
-    fused.load_state_dict(manual.state_dict())
-    idx = torch.randint(0, cfg.vocab, (2, cfg.seq_len))
     changed = idx.clone()
-    changed[:, 10:] = (changed[:, 10:] + 1) % cfg.vocab  # alter only the future of position 9
+    changed[:, 10:] = (changed[:, 10:] + 1) % SMALL.vocab  # alter only the future of position 9
     with torch.no_grad():
         torch.testing.assert_close(manual(idx), fused(idx), rtol=1e-4, atol=1e-5)
         for model in (manual, fused):
@@ -70,18 +67,6 @@ def test_a_meta_built_gpt_initialises_every_weight_like_one_built_on_the_device(
     assert [n for n, p in meta.named_parameters() if not torch.equal(p, theirs[n])] == []
 
 
-def test_injected_norm_is_used():
-    calls, cfg = [], _tiny()
-
-    def counting(d: int) -> torch.nn.LayerNorm:
-        norm = torch.nn.LayerNorm(d)
-        norm.register_forward_hook(lambda *_: calls.append(1))
-        return norm
-
-    gpt.GPT(cfg, norm=counting)(torch.zeros(1, cfg.seq_len, dtype=torch.long))
-    assert len(calls) == 2 * cfg.n_layer + 1
-
-
 @pytest.fixture(scope="module")
 def small():
     return gpt.load_corpus(cap_mb=0.5)
@@ -90,8 +75,7 @@ def small():
 def test_corpus_is_sorted_capped_and_split_by_file(small):
     assert not set(small.train_files) & set(small.val_files)
     assert len(small.train_files) > 10 * len(small.val_files) >= 10
-    files = gpt.source_files(cap_bytes=int(0.5 * 2**20))
-    root = gpt.stdlib_root()
+    files, root = gpt.source_files(cap_bytes=int(0.5 * 2**20)), gpt.stdlib_root()
     rel = [str(p.relative_to(root)) for p in files]
     assert files == sorted(files) and set(rel) == set(small.train_files) | set(small.val_files)
     assert not any(gpt.EXCLUDED_DIRS.intersection(p.relative_to(root).parts) for p in files)
@@ -99,7 +83,7 @@ def test_corpus_is_sorted_capped_and_split_by_file(small):
     assert total <= 0.5 * 2**20 + len(rel) and small.train.dtype == torch.uint8
 
 
-def test_same_seed_same_batches_and_targets_are_next_bytes(small):
+def test_same_seed_same_batches_targets_are_next_bytes_and_checksums_see_swaps(small):
     a, b, c = (gpt.BatchPlan.draw(small.train, steps=5, batch=3, seq_len=16, seed=s)
                for s in (7, 7, 8))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
@@ -109,9 +93,6 @@ def test_same_seed_same_batches_and_targets_are_next_bytes(small):
     assert torch.equal(x[:, 1:], y[:, :-1])
     start = int(a.offsets[1, 0])
     assert torch.equal(x[0], small.train[start:start + 16].long())
-
-
-def test_checksums_see_tokens_and_batches_change_places(small):
     x = torch.arange(12).view(3, 4)
     assert int(gpt.token_checksum(x)) == 572  # sum of k (k + 1) for k < 12, by hand
     swapped = x.clone()
@@ -126,7 +107,7 @@ def test_checksums_see_tokens_and_batches_change_places(small):
     assert gpt.step_checksum(batches[1], 2).dtype == torch.int64
 
 
-def test_paths_table_keeps_a_row_for_every_path():
+def test_paths_table_keeps_a_row_for_every_path_and_an_unhealthy_start_is_flagged():
     run = bench.Run("P1", "cpu", losses=[5.0, 4.0, 3.0, 2.5], step_ms=[10.0] * 4, warmup=1,
                     extra={"tokens_per_step": 128, "checksum": 42, "val_loss": 3.0})
     failed = bench.Run("P3", "cpu", error="out of GPU memory (...)")
@@ -143,6 +124,14 @@ def test_paths_table_keeps_a_row_for_every_path():
     assert list(table["speedup_vs_fp32"])[::2] == pytest.approx([2.0, 1.0])
     table = gpt.paths_table(runs, labels, flops_per_token=1e6, peak_tflops=1.0, baseline="3")
     assert table["speedup_vs_fp32"].isna().all()  # a baseline that did not run: NaN
+    healthy = bench.Run("ok", "cpu", losses=[5.6, 4.6, 4.3, 3.8], extra={"grad_norms": [60.0] * 4})
+    spiky = bench.Run("spike", "cpu", losses=[5.63, 4.6, 7.47, 5.0])
+    assert gpt.unhealthy_start({"1": healthy}) == ""
+    flag = gpt.unhealthy_start({"1": healthy, "2": spiky})
+    assert flag.startswith("CHECK: unhealthy start")
+    assert "2 (step 2: 7.470 > step 0's 5.630)" in flag
+    table = gpt.start_table({"1": healthy, "2": spiky}, first=3)
+    assert table.loc["1", "step 0"] == "5.60 (60.0)" and table.loc["2", "step 2"] == "7.47"
 
 
 def test_out_of_memory_and_a_failing_compile_become_one_line_and_a_bug_still_raises():
@@ -158,7 +147,7 @@ def test_out_of_memory_and_a_failing_compile_become_one_line_and_a_bug_still_rai
         gpt.attempt(Mock(side_effect=RuntimeError("a bug")), "P1", CPU)
 
 
-def test_kernel_categories():
+def test_kernel_categories_and_the_peak_lookup_tells_similar_names_apart():
     cases = {"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
              "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>": "attention",
              "triton_per_fused_add_native_layer_norm_3": "norm",
@@ -167,9 +156,6 @@ def test_kernel_categories():
              "triton_poi_fused_gelu_5": "elementwise", "aten::addmm": "matmul",
              "aten::embedding_dense_backward": "other"}
     assert {name: kernels.categorize(name) for name in cases} == cases
-
-
-def test_peak_lookup_tells_similar_names_apart():
     table = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA L40S": 362.0,
              "NVIDIA L40": 181.05, "NVIDIA L4": 121.0, "NVIDIA A10": 125.0,
              "NVIDIA H200": 989.0, "NVIDIA H200 NVL": 835.0}
@@ -191,7 +177,7 @@ def test_the_full_batch_fits_the_gpu(usable, batch):
         assert ("halved" in why) == (batch < gpt.FULL_BATCH)
 
 
-def test_the_recipe_is_the_measured_one_and_warms_up_over_three_quarters():
+def test_the_recipe_is_the_measured_one_warms_up_over_three_quarters_and_05_writes_it_out():
     recipe = gpt.Recipe.scaled(80)
     assert (recipe.lr, recipe.warmup, recipe.steps) == (gpt.PEAK_LR, 60, 80)
     assert recipe.lr_at(0) == pytest.approx(gpt.PEAK_LR / 60)
@@ -204,9 +190,6 @@ def test_the_recipe_is_the_measured_one_and_warms_up_over_three_quarters():
     decay, no_decay = recipe.param_groups(model)
     assert all(p.dim() >= 2 for p in decay["params"]) and no_decay["weight_decay"] == 0.0
     assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == gpt.count_params(model)
-
-
-def test_the_05_recipe_cell_matches_the_recipe_06_and_07_import():
     import nbformat  # 05 writes lr_at out; its cell's assertion that it is gpt.Recipe is real
 
     nb = nbformat.read(gpt.Path(__file__).resolve().parents[1] / "notebooks" /
@@ -220,14 +203,3 @@ def test_the_05_recipe_cell_matches_the_recipe_06_and_07_import():
     assert broken != cell
     with pytest.raises(AssertionError):
         exec(broken, dict(namespace, lr=None))  # noqa: S102
-
-
-def test_an_unhealthy_start_is_flagged_and_a_healthy_one_is_not():
-    healthy = bench.Run("ok", "cpu", losses=[5.6, 4.6, 4.3, 3.8], extra={"grad_norms": [60.0] * 4})
-    spiky = bench.Run("spike", "cpu", losses=[5.63, 4.6, 7.47, 5.0])
-    assert gpt.unhealthy_start({"1": healthy}) == ""
-    flag = gpt.unhealthy_start({"1": healthy, "2": spiky})
-    assert flag.startswith("CHECK: unhealthy start")
-    assert "2 (step 2: 7.470 > step 0's 5.630)" in flag
-    table = gpt.start_table({"1": healthy, "2": spiky}, first=3)
-    assert table.loc["1", "step 0"] == "5.60 (60.0)" and table.loc["2", "step 2"] == "7.47"

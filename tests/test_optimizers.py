@@ -32,15 +32,12 @@ def test_no_helper_builds_an_optimizer_the_notebook_compares():
         assert name not in source, f"{chapter.__file__} constructs {name}...): use a factory"
 
 
-def test_model_size_and_split_shapes():
+def test_model_size_split_shapes_and_cannot_step_reports_the_reason_in_one_line():
     params = list(chapter.build_model(hidden=16, blocks=3).parameters())
     assert (sum(p.numel() for p in params), len(params)) == chapter.expected_size(16, 3)
     assert sum(s[0] for s in chapter.split_shapes(4096, 16)) == 4096
     with pytest.raises(ValueError):
         chapter.split_shapes(100, 3)
-
-
-def test_cannot_step_reports_the_reason_in_one_line():
     assert chapter.cannot_step(factories()["for-loop"], "cpu") is None
 
     def broken(params):
@@ -50,21 +47,6 @@ def test_cannot_step_reports_the_reason_in_one_line():
         "RuntimeError: fused kernels are not built for this device")
 
 
-def test_the_factories_are_called_with_fresh_parameters_holding_the_gradients():
-    seen = []
-
-    def spy(params):
-        seen.append(params)
-        return torch.optim.AdamW(params, **HP)
-
-    work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
-    params, _ = work.prepared(spy)
-    assert seen == [params]
-    assert all(p is not q for p, q in zip(params, work.params, strict=True))
-    assert all(p.grad is g for p, g in zip(params, work.grads, strict=True))
-
-
-# ------------------------------------------------------------------ bytes per step
 def _stepped(factory, dtype=torch.float32, n=10):
     p = torch.nn.Parameter(torch.zeros(n, dtype=dtype))
     p.grad = torch.ones_like(p)
@@ -109,7 +91,7 @@ def test_step_table_reads_the_rounds_and_each_candidates_own_bytes():
     assert list(table["bytes_per_param"]) == [28, 22]
 
 
-def test_time_optimizers_times_every_factory_fresh_and_holds_one_state_at_a_time():
+def test_each_factory_gets_fresh_parameters_and_is_timed_fresh_one_state_at_a_time():
     live, built, most = weakref.WeakSet(), [], [0]
 
     def tracked(factory):
@@ -124,6 +106,10 @@ def test_time_optimizers_times_every_factory_fresh_and_holds_one_state_at_a_time
         most[0] = max(most[0], len(live))
 
     work = chapter.workload(list(chapter.build_model(hidden=8, blocks=1).parameters()))
+    params, optimizer = work.prepared(factories()["foreach"])  # over fresh parameters
+    assert all(p is q for p, q in zip(optimizer.param_groups[0]["params"], params, strict=True))
+    assert all(p is not q for p, q in zip(params, work.params, strict=True))
+    assert all(p.grad is g for p, g in zip(params, work.grads, strict=True))  # shared gradients
     cands = {name: tracked(factory) for name, factory in native().items()}
     timings = chapter.time_optimizers(cands, work, warmup=1, repeats=2, rounds=3,
                                       steps={"probe": probe})
@@ -141,29 +127,23 @@ def test_time_optimizers_times_every_factory_fresh_and_holds_one_state_at_a_time
         chapter.time_optimizers(native(), work, warmup=0, repeats=2)
 
 
-# ------------------------------------------------------------------ correctness
-def test_native_candidates_agree_with_the_float64_reference_on_cpu():
+def test_native_candidates_agree_with_the_float64_reference_and_a_wrong_decay_does_not():
     params = list(chapter.build_model(hidden=16, blocks=2).parameters())
     cands = native()
     table = chapter.correctness(cands, params, 3, reference=cands["for-loop"], atol=1e-6)
     assert list(table["candidate"]) == list(cands)
     assert table["ok"].all(), table
     assert (table["max_abs_vs_ref_float64"] > 0).all()  # fp32 really differs from float64
-
-
-def test_correctness_catches_a_wrong_weight_decay():  # FusedAdam's default 0 vs AdamW's 0.01
-    hp = dict(HP, lr=0.5)
+    hp = dict(HP, lr=0.5)  # a wrong weight decay: FusedAdam's default 0 vs AdamW's 0.01
     no_decay = dict(hp, weight_decay=0.0)
     cands = {"for-loop": factories(hp)["for-loop"],
              "no decay": lambda p: torch.optim.AdamW(p, foreach=True, **no_decay)}
-    params = list(chapter.build_model(hidden=16, blocks=1).parameters())
     table = chapter.correctness(cands, params, 2, reference=cands["for-loop"],
                                 atol=hp["lr"] / 1000)
     ok = table.set_index("candidate")["ok"]
     assert bool(ok["for-loop"]) and not bool(ok["no decay"])
 
 
-# ------------------------------------------------------------------ kernels, sweep, gotchas
 def test_kernel_counts_fall_with_fusion_on_cpu():
     work = chapter.workload(list(chapter.build_model(hidden=16, blocks=2).parameters()))
     table = chapter.kernel_table(native(), work).set_index("candidate")
@@ -187,9 +167,7 @@ def test_sweep_keeps_every_step_and_its_table_the_share_of_the_ceiling():
 
 def test_gotchas_probe_torch_adamw():
     table = chapter.gotchas({"torch AdamW": torch.optim.AdamW}, "cpu").set_index("question")
-    column = table["torch AdamW"]
-    assert column["default weight_decay"] == "0.01"
-    assert column["step counter in"] == "state[p]['step']"
-    assert column["zero_grad(set_to_none=True)"] == "works (grad is None: True)"
-    assert column["exp_avg dtype, bf16 params"] == "bfloat16"
-    assert column["master_weights=True alone"] == "no such argument"
+    assert table["torch AdamW"].to_dict() == {
+        "default weight_decay": "0.01", "step counter in": "state[p]['step']",
+        "zero_grad(set_to_none=True)": "works (grad is None: True)",
+        "exp_avg dtype, bf16 params": "bfloat16", "master_weights=True alone": "no such argument"}
