@@ -4,7 +4,6 @@ probe calls), the readiness table, and running the script with its output stream
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import sys
@@ -43,29 +42,19 @@ def test_nvcc_lookup_order(tmp_path, monkeypatch):
     assert environment.nvcc_release(None) is None
 
 
-def _toolkit(folder: Path, nvcc_text: str | None = None) -> Path:
-    """A toolkit folder with the CUDA headers and a ``bin/nvcc`` (one that prints ``nvcc_text``
-    for a dry run, as a real nvcc prints its ``_HERE_``)."""
-    (folder / "include").mkdir(parents=True)
-    (folder / "include" / "cuda_runtime.h").write_text("")
-    nvcc = fake_nvcc(folder, "13.0")
-    if nvcc_text is not None:
-        nvcc.write_text(f"#!/bin/sh\necho '{nvcc_text}' >&2\n")
-    return folder
-
-
 def test_nvcc_toolkit_is_where_the_headers_are(tmp_path):
-    """CUDA_HOME for an nvcc: the folder above its bin, or for a symlink or a wrapper script
-    (a /usr/local/bin/nvcc that execs the toolkit's nvcc) the toolkit it leads to."""
-    real = _toolkit(tmp_path / "cuda-13.0", f"#$ _HERE_={tmp_path / 'cuda-13.0' / 'bin'}")
+    """CUDA_HOME for an nvcc: above its bin, or the toolkit a symlink or wrapper script leads to."""
+    real = tmp_path / "cuda-13.0"
+    (real / "include").mkdir(parents=True)
+    (real / "include" / "cuda_runtime.h").write_text("")
+    # a real nvcc prints its _HERE_ in a dry run
+    fake_nvcc(real, "13.0").write_text(f"#!/bin/sh\necho '#$ _HERE_={real / 'bin'}' >&2\n")
     assert environment.nvcc_toolkit(real / "bin" / "nvcc") == real
     (tmp_path / "link" / "bin").mkdir(parents=True)
     (tmp_path / "link" / "bin" / "nvcc").symlink_to(real / "bin" / "nvcc")
     assert environment.nvcc_toolkit(tmp_path / "link" / "bin" / "nvcc") == real
-    wrapper = tmp_path / "local" / "bin" / "nvcc"
-    wrapper.parent.mkdir(parents=True)
+    wrapper = fake_nvcc(tmp_path / "local", "13.0")  # a /usr/local/bin/nvcc that execs the real one
     wrapper.write_text(f'#!/bin/sh\nexec {real / "bin" / "nvcc"} "$@"\n')
-    wrapper.chmod(0o755)
     assert environment.nvcc_toolkit(wrapper) == real
     bare = fake_nvcc(tmp_path / "bare", "13.0")  # no headers anywhere: torch's rule
     assert environment.nvcc_toolkit(bare) == tmp_path / "bare"
@@ -84,30 +73,19 @@ def test_toolchain_compares_nvcc_with_torch(tmp_path, monkeypatch):
     assert environment.toolchain()["nvcc_matches_torch"] is False
 
 
-def test_run_build_script_streams_and_returns_the_exit_status(tmp_path):
-    script = tmp_path / "build_apex.sh"
+def test_run_build_script_streams_its_output_and_returns_the_exit_status(tmp_path):
+    assert environment.build_script() == ROOT / "build_apex.sh"  # tests/test_build_apex.py runs it
+    script, lines = tmp_path / "build_apex.sh", []
     script.write_text('echo "python is $PYTHON"\necho "args: $*"\necho "oops" >&2\nexit 3\n')
-    lines: list[str] = []
-    rc = environment.run_build_script(["--dry-run"], script=script, echo=lines.append)
-    assert rc == 3
+    assert environment.run_build_script(["--dry-run"], script=script, echo=lines.append) == 3
     assert lines == [f"python is {sys.executable}", "args: --dry-run", "oops"]
-
-
-def test_run_build_script_timeout_and_missing(tmp_path):
-    script = tmp_path / "build_apex.sh"
     script.write_text("echo start\nsleep 30\necho never\n")
-    lines: list[str] = []
+    lines.clear()
     assert environment.run_build_script(script=script, timeout=0.5, echo=lines.append) == 124
     assert lines[0] == "start" and "never" not in lines and "stopped after" in lines[-1]
     lines.clear()
     assert environment.run_build_script(script=tmp_path / "nope.sh", echo=lines.append) == 127
     assert "missing" in lines[0]
-
-
-def test_the_course_script_is_where_the_helper_looks():
-    path = environment.build_script()
-    assert path == ROOT / "build_apex.sh"
-    assert path.is_file() and os.access(path, os.R_OK)
 
 
 def test_notebook_01_option_table_shows_the_script_defaults():
@@ -136,8 +114,6 @@ def test_exit_codes_and_readiness_table():
     bare = environment.readiness_table(
         {}, dict(tools, torch_cuda=None, nvcc=None, nvcc_release=None, gpu=False))
     here = dict(zip(bare["check"], bare["here"], strict=True))
-    assert here["torch's CUDA"] == "none (CPU build of torch)"
-    assert here["GPU"] == "none visible to torch"
-    assert here["compute capability"] == "-" and here["driver"] == "-"
-    assert here["nvcc (toolkit)"] == "not found"
-    assert here["bf16 native"] is False
+    assert (here["torch's CUDA"], here["GPU"], here["nvcc (toolkit)"]) == (
+        "none (CPU build of torch)", "none visible to torch", "not found")
+    assert here["compute capability"] == here["driver"] == "-" and here["bf16 native"] is False
