@@ -25,13 +25,19 @@ import pandas as pd
 def sums(x):
     return pd.DataFrame({{"value": [float(x.sum()), float(x.cumsum(0)[-1])]}})
 '''
-CHAPTER_TESTS = f'''import torch
+CHAPTER_TESTS = f'''import pytest
+import torch
 
 from helpers.chapters import {TOPIC}
 
 
 def test_both_sums_agree():
     assert {TOPIC}.sums(torch.arange(10.0))["value"].tolist() == [45.0, 45.0]
+
+
+@pytest.mark.smoke("{NUMBER}")
+def test_the_smoke_run_saved_the_sums(smoke_run):
+    assert (smoke_run[0] / "results" / "{NUMBER}_sums.csv").exists()
 '''
 
 
@@ -91,8 +97,23 @@ def test_a_new_chapter_needs_no_list_edited(tmp_path):
         ("hygiene", "the_core_never_imports_a_chapter_and_no_chapter_another"),
         ("notebooks", "the_notebooks_are_numbered_in_order_from_01"),
         ("standalone", "every_notebook_has_the_setup_cell_after_its_parameters"),
-        (TOPIC, "both_sums_agree"))]
+        (TOPIC, "both_sums_agree"), (TOPIC, "the_smoke_run_saved_the_sums"))]
     proc = _run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:xdist",
                  "--basetemp", str(tmp_path / "pytest"), *wanted], clone, env=env, timeout=600)
     passed = {line.split(" PASSED")[0] for line in proc.stdout.splitlines() if " PASSED" in line}
     assert not set(wanted) - passed, f"did not pass in the clone:\n{proc.stdout[-3000:]}"
+    # a learner's experiment that fails: a few lines name the cell and the way back, and the
+    # tests that read the notebook's smoke run skip instead of failing after it
+    nb = nbformat.read(path := clone / "notebooks" / name, as_version=4)
+    nb.cells[5].source += "\n1 / 0"
+    nbformat.write(nb, path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", "--basetemp", str(tmp_path / "pytest"), wanted[0],
+                           wanted[-1]],
+                          cwd=clone, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | env)
+    said = proc.stdout.strip().splitlines()
+    assert proc.returncode == 1 and len(said) <= 15, proc.stdout  # not 450
+    assert said[-1].startswith("1 failed, 1 skipped"), proc.stdout
+    assert "ZeroDivisionError: division by zero (cell 6: 'table = chapter.sums(" in proc.stdout
+    assert f"get it back with 'git checkout -- notebooks/{name}'" in proc.stdout
