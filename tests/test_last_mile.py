@@ -70,8 +70,6 @@ def test_flash_attention_is_offered_only_where_its_package_imports(monkeypatch):
     assert last_mile.flash_impls() == (["FA4"], "")
 
 
-@pytest.mark.notebook
-@pytest.mark.smoke("08")
 @pytest.mark.parametrize(("gap", "idle"), [(-0.16, 0.0), (1.5, 1.5)])
 def test_the_idle_gpu_is_never_below_zero(gap, idle):  # kernels traced past the untraced step
     row = pd.Series({"label": "path 4", "step_ms": 50.0})
@@ -81,6 +79,8 @@ def test_the_idle_gpu_is_never_below_zero(gap, idle):  # kernels traced past the
     assert math.isnan(last_mile.record(row, pd.DataFrame(), pd.DataFrame(), 32)["idle_ms"])
 
 
+@pytest.mark.notebook
+@pytest.mark.smoke("08")
 def test_08_answers_every_lever_and_keeps_exactly_the_faster_and_same(smoke_run):
     out, runs = smoke_run
     runs["08_last_mile_mfu.ipynb"]  # skips, saying so, where the run left 08 out
