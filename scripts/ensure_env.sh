@@ -114,7 +114,7 @@ fi
   || die "could not create .venv; on Debian install the venv module: apt-get install python3-venv"
 torch_pin=$(grep -oE '^torch==[^ #]+' "$root/requirements.txt")
 say "installing requirements.txt into .venv; on Linux x86-64 PyPI's $torch_pin is a CUDA build of several GB: to keep it small, stop now (Ctrl-C), run '$venv_py -m pip install $torch_pin --index-url https://download.pytorch.org/whl/cpu' and then this command again"
-pins_without "$lab_pins"
-"$venv_py" -m pip install -r "$reqs" >&2 \
+pins_without "$lab_pins"  # a current pip first: it installs them sooner than the one venv bundles
+{ "$venv_py" -m pip install -q --upgrade "pip>=23.1" && "$venv_py" -m pip install -r "$reqs"; } >&2 \
   || die "pip could not install requirements.txt into .venv; check the network and retry 'make test'"
 use "$venv_py"

@@ -141,7 +141,8 @@ def test_first_venv_says_what_it_installs_and_shows_pips_progress(co):
     assert "requirements.txt into .venv" in said and "CUDA build of several GB" in said, said
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in said
     assert "[progress]" in proc.stderr, "pip's output goes to stderr"
-    [install] = co.calls("pip ")
+    upgrade, install = co.calls("pip ")  # a current pip first, then the pins, loudly
+    assert upgrade.endswith("install -q --upgrade pip>=23.1"), upgrade
     assert " -r " in install and " -q" not in install, install
     reqs = co.reqs()
     assert "torch==2.13.0" in reqs and "numpy==2.4.6" in reqs and "papermill==2.7.0" in reqs
