@@ -75,9 +75,9 @@ report:  ## on a CUDA machine: build Apex if needed, then a full-profile run int
 	@py=$$($(ENSURE_RUN)); \
 	"$$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
 	  || { echo "make report: needs a CUDA GPU (torch sees none); use 'make run' here instead."; exit 2; }; \
-	$$py -m coursetools.report $(PARAM_ARGS) --check; \
+	"$$py" -m coursetools.runner --report $(PARAM_ARGS) --check; \
 	PYTHON=$$py ./build_apex.sh --legacy-amp; \
-	"$$py" -m coursetools.report $(PARAM_ARGS)
+	"$$py" -m coursetools.runner --report $(PARAM_ARGS)
 
 book:  ## build the site of the reference run (BOOK_REPORT) into build/book/; runs no notebook
 	@py=$$($(ENSURE) --for=book); "$$py" -m coursetools.book $(if $(BOOK_REPORT),--report $(BOOK_REPORT)) --screenshots

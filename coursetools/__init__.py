@@ -1,3 +1,2 @@
 """The course's tooling, apart from what the notebooks import: the headless runner
-(``python -m coursetools.runner``) and the reference-run report
-(``python -m coursetools.report``)."""
+(``python -m coursetools.runner``; ``--report``: a reference run into ``reports/<gpu>/``)."""

@@ -1,10 +1,9 @@
 """Execute the course's notebooks headless with papermill, each run into a fresh folder.
 
 Each run goes into a new folder (``build/run-7``: executed copies, ``results/``,
-``summary.json``); a complete one becomes --out (a link; ``--report``: reports/<gpu>, a folder)
-and older runs go, a failed one stays. All is checked before any notebook starts, each --param
-against the rules of the notebooks' ``errors.check_parameters`` call.
-"""
+``summary.json``); a complete one becomes --out (a link; ``--report``, as make report: a folder,
+reports/<gpu>) and older runs go, a failed one stays. All is checked before any notebook starts,
+each --param against the rules of the notebooks' ``errors.check_parameters`` call."""
 
 from __future__ import annotations
 
@@ -47,6 +46,21 @@ OTHER_OUT = "choose {} with --out (make run OUT=...)"
 logging.getLogger("papermill").setLevel(logging.ERROR)  # the runner checks parameters itself
 for _name in ("asyncio", "traitlets"):  # a kernel stopped by Ctrl-C: its tasks say it once
     logging.getLogger(_name).setLevel(logging.CRITICAL)
+
+
+class Engine(papermill.engines.NBClientEngine):
+    """papermill's nbclient engine, saving the executed copy every 5 s at most, and at its end."""
+    @classmethod
+    def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
+        save = nb_man.save  # papermill's own saves before and after each cell: 1/8 of a smoke run
+        nb_man.save = lambda **_: (nb_man.now() - nb_man.last_save_time).seconds >= 5 and save()
+        try:  # a cell's error, a timeout, Ctrl-C: papermill's last save still writes it all
+            super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+        finally:
+            nb_man.save = save
+
+
+papermill.engines.papermill_engines.register("course", Engine)
 
 
 def course_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
@@ -160,15 +174,14 @@ def execute(path: Path, out_dir: Path, *, profile: str = "auto", timeout: int = 
             papermill.execute_notebook(
                 str(path.resolve()), str(target), parameters=wanted, kernel_name="python3",
                 language="python", progress_bar=False, cwd=str(path.resolve().parent),
-                execution_timeout=timeout,
+                execution_timeout=timeout, engine_name="course",
                 timeout_func=lambda _: max(1, int(min(timeout, deadline - time.perf_counter()))),
                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])  # not the kernel's own log
     except papermill.PapermillExecutionError as exc:  # its cell numbered as a reader counts
         tags = [c.metadata.get("tags", []) for c in source.cells]
         after = next((i for i, t in enumerate(tags) if "parameters" in t and wanted), len(tags))
         number = exc.cell_index + (exc.cell_index <= after)  # from 1, every cell, as ruff does
-        first, evalue = (next(iter(str(s).strip().splitlines()), "") for s in (exc.source,
-                                                                              exc.evalue))
+        first, evalue = (str(s).strip().partition("\n")[0] for s in (exc.source, exc.evalue))
         run.status, run.error = "FAILED", f"{exc.ename}: {evalue} (cell {number}: {first!r})"
     except KeyboardInterrupt:  # Ctrl-C: what ran is in the executed copy
         run.status, run.error = "interrupted", "interrupted (Ctrl-C)"
