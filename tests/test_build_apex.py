@@ -138,7 +138,7 @@ def _folder(box: Box, git_head: str | None = None) -> Path:
     return src
 
 
-@pytest.mark.parametrize(("breaks", "args", "label", "said"), [  # every preflight sentence
+PREFLIGHT = [  # every preflight sentence: what breaks, the arguments, its plan row, its words
     (_no_torch, (), "torch", ["PyTorch cannot be imported", "environment.yml"]),
     (CPU, (), "torch", ["is a CPU-only build", "torch==2.13.0 --index-url"]),
     (CPU, ("--legacy-only",), "torch", ["legacy apex.amp install"]),
@@ -166,7 +166,12 @@ def _folder(box: Box, git_head: str | None = None) -> Path:
         "is a git checkout but git is not installed"]),
     (lambda b: b.git.unlink(), (), "source", [
         "git is not installed, and the build clones Apex with it"]),
-])
+]
+
+
+@pytest.mark.parametrize(("breaks", "args", "label", "said"), PREFLIGHT,
+                         ids=[" ".join((label, *args, said[0])) for _, args, label, said in
+                              PREFLIGHT])
 def test_a_preflight_failure_is_one_sentence_and_a_plan_row(box, breaks, args, label, said) -> None:
     breaks(box) if callable(breaks) else box.probe.update(breaks)
     if label != "arch list":
