@@ -166,18 +166,21 @@ class Chromium:
         did not load or whose script did not run is absent. All pages in one browser run: a
         frame page written to ``scratch`` holds each in an <iframe> of that width (headless
         Chromium lays out ``--dump-dom`` at 500 pixels at least) and writes what they report
-        into its own DOM."""
+        into its own DOM. The pages missing from that run get a second one (on a busy machine,
+        a page can report after the browser's time budget)."""
         scratch.mkdir(parents=True, exist_ok=True)
-        frame = scratch / f"frames-{width}.html"
-        frames = "\n".join(f'<iframe src="{p.resolve().as_uri()}?measure" width="{width}" '
-                            'height="600"></iframe>' for p in pages)
-        frame.write_text(FRAME.format(frames=frames))
-        dom = self.dump_dom(frame.as_uri(), max(width, 500) + 40, 900)
-        found = {}
-        for attrs in re.findall(r"<p class=\"measured\"([^>]*)>", dom):
-            values = {k: html.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"',
-                                                                  attrs)}
-            found[values.get("page", "")] = values
+        frame, found = scratch / f"frames-{width}.html", {}
+        for _ in range(2):
+            frames = "\n".join(f'<iframe src="{p.resolve().as_uri()}?measure" width="{width}" '
+                                'height="600"></iframe>' for p in pages if p.name not in found)
+            frame.write_text(FRAME.format(frames=frames))
+            dom = self.dump_dom(frame.as_uri(), max(width, 500) + 40, 900)
+            for attrs in re.findall(r"<p class=\"measured\"([^>]*)>", dom):
+                values = {k: html.unescape(v) for k, v in re.findall(r'data-([a-z-]+)="([^"]*)"',
+                                                                      attrs)}
+                found[values.get("page", "")] = values
+            if all(p.name in found for p in pages):
+                break
         return found
 
 
